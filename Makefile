@@ -1,0 +1,39 @@
+# Two commands do all set-up on a fresh clone:
+#   make run    build the example models and serve digits-cascade on this machine
+#   make test   run the test suite
+# Both create .venv and install sloline with its extras the first time.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# torch's plain PyPI wheel pulls CUDA (gigabytes); the CPU build is pinned for dev/CI only,
+# the package itself keeps a normal `torch>=2.2` range in its `torch` extra.
+TORCH_CPU ?= torch==2.13.0
+PIPELINE  ?= examples/digits-cascade/pipeline.yaml
+RUN_ARGS  ?=
+
+.PHONY: run test lint bench-quick clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_CPU)" -e ".[dev,torch,examples,plot]"
+	touch $@
+
+run: $(BIN)/.installed
+	$(BIN)/python examples/digits-cascade/build.py
+	$(BIN)/sloline run $(PIPELINE) $(RUN_ARGS)
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check sloline tests benchmarks examples scripts
+	$(BIN)/ruff format --check sloline
+	$(BIN)/mypy
+
+bench-quick: $(BIN)/.installed
+	$(BIN)/python benchmarks/run_all.py --quick
+
+clean:
+	rm -rf $(VENV) examples/*/models .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,203 @@
+"""Local backend: stage replicas as worker processes on this machine (the embedded mode).
+
+Each replica is `python -m sloline worker ...` in its own session, so a Ctrl-C in the
+terminal reaches only the parent, which then drains and stops the workers in order. A
+worker whose parent dies gets SIGTERM from the kernel (the worker sets Linux
+`PR_SET_PDEATHSIG` itself, so no fork-time hook is needed), so no orphans survive a crash
+of `sloline run`. Crashed workers are restarted (with backoff if
+they keep crashing); scale-down sends SIGTERM, and the worker finishes its batch first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sloline.backends.base import ReplicaStatus
+from sloline.spec import HardwareClass
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True, slots=True)
+class StageLaunch:
+    """How to start one stage's workers."""
+
+    stage: str
+    hardware: HardwareClass
+    replicas: int
+
+
+@dataclass(slots=True, eq=False)
+class _Replica:
+    process: subprocess.Popen[bytes]
+    started: float
+    log_path: Path
+    stopping: bool = False
+
+
+@dataclass(slots=True)
+class _Stage:
+    launch: StageLaunch
+    desired: int
+    replicas: list[_Replica] = field(default_factory=list)
+    restarts: int = 0
+    crash_times: list[float] = field(default_factory=list)
+    last_error: str = ""
+
+
+class LocalBackend:
+    """Runs and supervises worker processes for every stage of one pipeline."""
+
+    def __init__(
+        self,
+        pipeline_file: Path,
+        router_address: str,
+        stages: list[StageLaunch],
+        *,
+        log_dir: Path,
+        grace_s: float = 10.0,
+        poll_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pipeline_file = pipeline_file
+        self.router_address = router_address
+        self.log_dir = log_dir
+        self.grace_s = grace_s
+        self.poll_s = poll_s
+        self.clock = clock
+        self._stages = {s.stage: _Stage(s, s.replicas) for s in stages}
+        self._monitor: asyncio.Task[None] | None = None
+        self._counter = 0
+
+    async def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._reconcile()
+        self._monitor = asyncio.create_task(self._watch())
+
+    def scale(self, stage: str, replicas: int) -> None:
+        if stage not in self._stages:
+            raise KeyError(f"no stage {stage!r}")
+        if replicas < 0:
+            raise ValueError("replicas must be >= 0")
+        self._stages[stage].desired = replicas
+        self._reconcile()
+
+    def status(self) -> dict[str, ReplicaStatus]:
+        return {
+            name: ReplicaStatus(s.desired, sum(not r.stopping for r in s.replicas), s.restarts,
+                                s.last_error)  # fmt: skip
+            for name, s in self._stages.items()
+        }
+
+    def desired(self) -> dict[str, int]:
+        return {name: s.desired for name, s in self._stages.items()}
+
+    def pids(self, stage: str) -> list[int]:
+        return [r.process.pid for r in self._stages[stage].replicas if not r.stopping]
+
+    async def stop(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+        replicas = [r for s in self._stages.values() for r in s.replicas]
+        for replica in replicas:
+            self._terminate(replica)
+        deadline = self.clock() + self.grace_s
+        while any(r.process.poll() is None for r in replicas) and self.clock() < deadline:
+            await asyncio.sleep(0.02)
+        for replica in replicas:
+            if replica.process.poll() is None:
+                log.warning("worker pid %d ignored SIGTERM for %.0fs; killing",
+                            replica.process.pid, self.grace_s)  # fmt: skip
+                replica.process.kill()
+                replica.process.wait()
+        for stage in self._stages.values():
+            stage.replicas.clear()
+
+    # ------------------------------------------------------------------ internals
+    def _spawn(self, stage: _Stage) -> None:
+        hw = stage.launch.hardware
+        self._counter += 1
+        log_path = self.log_dir / f"{stage.launch.stage}-{self._counter}.log"
+        cmd = [
+            sys.executable, "-m", "sloline", "worker",
+            "--pipeline", str(self.pipeline_file), "--stage", stage.launch.stage,
+            "--router", self.router_address, "--threads", str(hw.embedded.threads),
+            "--hardware", hw.name, "--worker-id", f"{stage.launch.stage}-{self._counter}",
+            "--parent-pid", str(os.getpid()),
+        ]  # fmt: skip
+        if hw.embedded.cuda_device is not None:
+            cmd += ["--cuda-device", str(hw.embedded.cuda_device)]
+        threads = str(hw.embedded.threads)
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+               "OPENBLAS_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        if hw.embedded.cpus:
+            cmd += ["--cpus", ",".join(map(str, hw.embedded.cpus))]
+        with log_path.open("ab") as out:
+            process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)  # fmt: skip
+        stage.replicas.append(_Replica(process, self.clock(), log_path))
+
+    def _terminate(self, replica: _Replica) -> None:
+        replica.stopping = True
+        if replica.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                replica.process.send_signal(signal.SIGTERM)
+
+    def _reconcile(self) -> None:
+        now = self.clock()
+        for stage in self._stages.values():
+            live = [r for r in stage.replicas if not r.stopping]
+            if len(live) > stage.desired:
+                # Stop the youngest first: they are the likeliest to still be starting.
+                for replica in sorted(live, key=lambda r: r.started)[stage.desired :]:
+                    self._terminate(replica)
+            elif len(live) < stage.desired and self._may_restart(stage, now):
+                for _ in range(stage.desired - len(live)):
+                    self._spawn(stage)
+
+    def _may_restart(self, stage: _Stage, now: float) -> bool:
+        """Back off when a stage keeps crashing: at most 5 crashes per 30 s."""
+        stage.crash_times = [t for t in stage.crash_times if now - t < 30.0]
+        return len(stage.crash_times) < 5
+
+    def _reap(self) -> None:
+        now = self.clock()
+        for name, stage in self._stages.items():
+            for replica in list(stage.replicas):
+                code = replica.process.poll()
+                if code is None:
+                    continue
+                stage.replicas.remove(replica)
+                if replica.stopping:
+                    continue
+                stage.restarts += 1
+                stage.crash_times.append(now)
+                stage.last_error = f"worker pid {replica.process.pid} exited with {code}: " + (
+                    _tail(replica.log_path)
+                )
+                log.warning("stage %s: %s", name, stage.last_error)
+
+    async def _watch(self) -> None:
+        while True:
+            self._reap()
+            self._reconcile()
+            await asyncio.sleep(self.poll_s)
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) if text else "(empty log)"

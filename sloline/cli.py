@@ -1,0 +1,205 @@
+"""The `sloline` command line. Settings are parsed here, once, and passed down.
+
+Exit codes: 0 success, 1 runtime failure, 2 invalid input (bad pipeline file, bad flag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sloline import __version__
+from sloline.spec import DEFAULT_CATALOG, Issue, PipelineError, load_catalog, load_pipeline
+
+EXIT_INVALID = 2
+
+
+def _assignments(values: Sequence[str], flag: str, kind: type = int) -> dict[str, object]:
+    """Parse repeated `stage=value` flags."""
+    out: dict[str, object] = {}
+    for text in values:
+        name, eq, value = text.partition("=")
+        if not eq or not name:
+            raise PipelineError([Issue(flag, f"expected STAGE=VALUE, got {text!r}")], "flags")
+        try:
+            out[name] = kind(value)
+        except ValueError:
+            raise PipelineError(
+                [Issue(flag, f"{value!r} is not a valid {kind.__name__}")], "flags"
+            ) from None
+        if kind is int and int(value) < (0 if flag == "--replicas" else 1):
+            raise PipelineError([Issue(flag, f"{text!r}: value too small")], "flags")
+    return out
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    loaded = load_pipeline(args.file)
+    spec = loaded.pipeline.spec
+    print(f"ok: pipeline {loaded.name!r}: {len(spec.stages)} stages "
+          f"({' -> '.join(loaded.graph.order)}), output {spec.output!r}, "
+          f"SLO p{spec.slo.percentile:g} {spec.slo.latency_ms:g} ms")  # fmt: skip
+    return 0
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    import yaml
+
+    from sloline.spec.crd import crd_manifest
+    from sloline.spec.reference import reference_markdown
+
+    if args.reference:
+        print(reference_markdown(), end="")
+    else:
+        print(yaml.safe_dump(crd_manifest(), sort_keys=False), end="")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from sloline.model_server.worker import WorkerSettings
+    from sloline.model_server.worker import main as worker_main
+
+    return worker_main(WorkerSettings(
+        pipeline_file=Path(args.pipeline), stage=args.stage, router=args.router,
+        threads=args.threads, cuda_device=args.cuda_device, hardware=args.hardware,
+        worker_id=args.worker_id, parent_pid=args.parent_pid,
+        cpus=tuple(int(c) for c in args.cpus.split(",")) if args.cpus else (),
+    ))  # fmt: skip
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sloline.embedded import EmbeddedPipeline, EmbeddedSettings, stage_configs
+    from sloline.serving.router import RouterSettings
+    from sloline.serving.server import ServerSettings
+
+    loaded = load_pipeline(args.file)
+    catalog = load_catalog(args.catalog) if args.catalog else DEFAULT_CATALOG
+    settings = EmbeddedSettings(
+        server=ServerSettings(host=args.host, http_port=args.port, grpc_port=args.grpc_port),
+        router=RouterSettings(queue_capacity=args.queue_capacity),
+        catalog=catalog,
+        replicas=_assignments(args.replicas, "--replicas"),  # type: ignore[arg-type]
+        max_batch=_assignments(args.max_batch, "--max-batch"),  # type: ignore[arg-type]
+        hardware=_assignments(args.hardware, "--hardware", str),  # type: ignore[arg-type]
+        log_dir=Path(args.log_dir) if args.log_dir else None,
+    )
+    configs = stage_configs(loaded, settings)
+    return asyncio.run(_serve(EmbeddedPipeline(loaded, settings, configs=configs), args))
+
+
+async def _serve(pipeline: object, args: argparse.Namespace) -> int:
+    from sloline.embedded import EmbeddedPipeline
+    from sloline.serving.stats import Window
+    from sloline.serving.status import render_status
+
+    assert isinstance(pipeline, EmbeddedPipeline)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with pipeline as p:
+        spec = p.loaded.pipeline.spec
+        print(f"sloline {__version__}: serving pipeline {p.loaded.name!r} "
+              f"(SLO p{spec.slo.percentile:g} {spec.slo.latency_ms:g} ms)")  # fmt: skip
+        for name, config in p.configs.items():
+            print(f"  stage {name}: {config.replicas} x {config.hardware}, "
+                  f"max batch {config.max_batch}")  # fmt: skip
+        print(f"  HTTP  http://{p.http_url}/v2/models/{p.loaded.name}/infer\n"
+              f"  gRPC  {p.grpc_url}  (GRPCInferenceService, model {p.loaded.name!r})\n"
+              f"  metrics http://{p.http_url}/metrics   worker logs {p.backend.log_dir if p.backend else ''}\n"
+              "  Ctrl-C to stop", flush=True)  # fmt: skip
+        started = time.monotonic()
+        interval = args.status_interval
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+            if args.duration and time.monotonic() - started >= args.duration:
+                break
+            if interval <= 0 or stop.is_set():
+                continue
+            now = time.monotonic()
+            stats, router = p.router.stats, p.router
+            status = p.backend.status() if p.backend else {}
+            replicas = router.replicas()
+            text = render_status(
+                p.loaded.name, spec.slo.latency_ms,
+                Window.of(stats.latency.since(now - interval * 5), interval * 5),
+                stats.attainment(now, 60.0, router.slo_s),
+                {n: (status[n], replicas[n][1], len(router.queues[n]),
+                     Window.of(stats.stage_latency[n].since(now - interval * 5), interval * 5),
+                     Window.of(stats.stage_batch[n].since(now - interval * 5), interval * 5))
+                 for n in router.queues},
+                [f"{n}: {s.last_error}" for n, s in status.items() if s.last_error],
+            )  # fmt: skip
+            print(text, flush=True)
+        print("stopping: draining in-flight requests, then workers", flush=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sloline",
+        description="Serve multi-model prediction pipelines under a tail-latency SLO.",
+    )
+    parser.add_argument("--version", action="version", version=f"sloline {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check a pipeline file")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("run", help="serve a pipeline on this machine (embedded mode)")
+    p.add_argument("file")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001)")
+    p.add_argument("--replicas", action="append", default=[], metavar="STAGE=N")
+    p.add_argument("--max-batch", action="append", default=[], metavar="STAGE=B")
+    p.add_argument("--hardware", action="append", default=[], metavar="STAGE=CLASS")
+    p.add_argument("--catalog", help="hardware catalog YAML (default: built-in CPU classes)")
+    p.add_argument("--queue-capacity", type=int, default=1024, help="items per stage queue")
+    p.add_argument("--log-dir", help="worker logs (default: a new temp dir)")
+    p.add_argument("--status-interval", type=float, default=2.0,
+                   help="seconds between status lines; 0 = quiet")  # fmt: skip
+    p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("worker", help="serve one stage's model to a router (internal)")
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--stage", required=True)
+    p.add_argument("--router", required=True, help="router gRPC address host:port")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--cuda-device", type=int, default=None)
+    p.add_argument("--hardware", default="")
+    p.add_argument("--worker-id", default="")
+    p.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
+    p.add_argument("--cpus", default="", help="CPU affinity, e.g. 0,1")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("crd", help="print the PredictionPipeline CRD generated from the spec")
+    p.add_argument("--reference", action="store_true", help="print the markdown field reference")
+    p.set_defaults(func=cmd_crd)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

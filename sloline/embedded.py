@@ -1,0 +1,178 @@
+"""The embedded (default) deployment: router, front doors and worker processes on one
+machine. This is the composition root `sloline run` and the integration tests use:
+it decides each stage's hardware class, max batch and replicas (flags and spec overrides
+first), starts the router's servers, then the workers, and shuts down in the order that
+loses nothing: stop admitting, let in-flight requests finish, stop workers, close ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from sloline.backends.local import LocalBackend, StageLaunch
+from sloline.serving.router import Router, RouterSettings
+from sloline.serving.server import RouterServer, ServerSettings
+from sloline.spec import DEFAULT_CATALOG, HardwareCatalog, LoadedPipeline, PipelineError
+from sloline.spec.validate import Issue
+from sloline.tuner.envelope import StreamingEnvelope, window_sizes
+
+
+@dataclass(frozen=True, slots=True)
+class StageConfig:
+    hardware: str
+    max_batch: int
+    replicas: int
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedSettings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    router: RouterSettings = field(default_factory=RouterSettings)
+    catalog: HardwareCatalog = DEFAULT_CATALOG
+    replicas: Mapping[str, int] = field(default_factory=dict)  # flag overrides
+    max_batch: Mapping[str, int] = field(default_factory=dict)
+    hardware: Mapping[str, str] = field(default_factory=dict)
+    log_dir: Path | None = None
+    worker_grace_s: float = 10.0
+
+
+def check_models(loaded: LoadedPipeline) -> None:
+    """Fail early, with the fix, when a stage's model file is missing."""
+    issues = []
+    for i, stage in enumerate(loaded.pipeline.spec.stages):
+        if stage.model.uri and not loaded.resolve(stage.model.uri).exists():
+            hint = ""
+            if (loaded.base_dir / "build.py").exists():
+                hint = f"; build it with: python {loaded.base_dir / 'build.py'}"
+            issues.append(Issue(f"spec.stages[{i}].model.uri",
+                                f"file {loaded.resolve(stage.model.uri)} does not exist{hint}"))  # fmt: skip
+    if issues:
+        raise PipelineError(issues, f"pipeline {loaded.name!r}")
+
+
+def stage_configs(loaded: LoadedPipeline, settings: EmbeddedSettings) -> dict[str, StageConfig]:
+    """Flags override the spec; without either, one replica, batch 1, the first allowed
+    hardware class (the planner replaces this default when it runs)."""
+    spec = loaded.pipeline.spec
+    allowed = spec.hardware or settings.catalog.names()
+    issues = [Issue("spec.hardware", f"class {name!r} is not in the catalog "
+                    f"({settings.catalog.names()})") for name in allowed
+              if name not in settings.catalog.names()]  # fmt: skip
+    for flag, values in (("--replicas", settings.replicas), ("--max-batch", settings.max_batch),
+                         ("--hardware", settings.hardware)):  # fmt: skip
+        issues += [Issue(flag, f"no stage named {name!r}") for name in values
+                   if name not in loaded.graph.stages]  # fmt: skip
+    configs = {}
+    for i, stage in enumerate(spec.stages):
+        hw = settings.hardware.get(stage.name) or stage.hardware or allowed[0]
+        if hw not in settings.catalog.names():
+            issues.append(Issue(f"spec.stages[{i}].hardware", f"unknown hardware class {hw!r}"))
+        configs[stage.name] = StageConfig(
+            hardware=hw,
+            max_batch=settings.max_batch.get(stage.name) or stage.max_batch or 1,
+            replicas=settings.replicas.get(stage.name, stage.replicas or 1),
+        )
+    if issues:
+        raise PipelineError(issues, f"pipeline {loaded.name!r}")
+    return configs
+
+
+class EmbeddedPipeline:
+    """`async with EmbeddedPipeline(loaded, settings) as p:` serves until the block ends."""
+
+    def __init__(
+        self,
+        loaded: LoadedPipeline,
+        settings: EmbeddedSettings | None = None,
+        *,
+        configs: Mapping[str, StageConfig] | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.loaded = loaded
+        self.settings = settings or EmbeddedSettings()
+        check_models(loaded)
+        self.configs = dict(configs or stage_configs(loaded, self.settings))
+        self.registry = registry or CollectorRegistry()
+        catalog = self.settings.catalog
+        self.backend: LocalBackend | None = None
+        # Envelope windows T_s * 2^k up to 60 s (InferLine §5); T_s defaults to the SLO,
+        # capped at 100 ms so sub-second bursts are always visible.
+        slo_s = loaded.pipeline.spec.slo.latency_ms / 1000.0
+        clock = time.monotonic
+        self.envelope = StreamingEnvelope(window_sizes(min(0.1, slo_s), 60.0), start_s=clock())
+        self.router = Router(
+            loaded.graph,
+            max_batch={n: c.max_batch for n, c in self.configs.items()},
+            settings=self.settings.router,
+            registry=self.registry,
+            desired_replicas=lambda: self.backend.desired() if self.backend else {},
+            clock=clock,
+            on_arrival=self.envelope.observe,
+            envelope=lambda: dict(
+                zip(self.envelope.windows_s, self.envelope.rates(clock()), strict=True)
+            ),
+            cost_per_hour=lambda: {
+                n: catalog.get(c.hardware).cost_per_hour * d
+                for n, c in self.configs.items()
+                for d in [self.backend.desired()[n] if self.backend else c.replicas]
+            },
+        )
+        self.server = RouterServer(self.router, self.registry, self.settings.server)
+
+    async def __aenter__(self) -> EmbeddedPipeline:
+        await self.server.start()
+        log_dir = self.settings.log_dir or Path(tempfile.mkdtemp(prefix="sloline-"))
+        host = self.settings.server.host
+        self.backend = LocalBackend(
+            self.loaded.file,
+            f"{host}:{self.server.grpc_port}",
+            [StageLaunch(n, self.settings.catalog.get(c.hardware), c.replicas)
+             for n, c in self.configs.items()],  # fmt: skip
+            log_dir=log_dir,
+            grace_s=self.settings.worker_grace_s,
+        )
+        await self.backend.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    async def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Wait until every stage has its desired number of connected workers."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            replicas = self.router.replicas()
+            if all(ready >= desired for desired, ready in replicas.values()):
+                return
+            if time.monotonic() > deadline:
+                errors = {n: s.last_error for n, s in self.backend_status().items() if s.last_error}
+                raise TimeoutError(f"workers not ready after {timeout_s:.0f}s: {replicas}; "
+                                   f"errors: {errors or 'none'}")  # fmt: skip
+            await asyncio.sleep(0.05)
+
+    def backend_status(self) -> dict[str, object]:
+        return dict(self.backend.status()) if self.backend else {}
+
+    async def shutdown(self, drain_s: float = 5.0) -> None:
+        self.router.draining = True
+        deadline = time.monotonic() + drain_s
+        while self.router.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self.backend is not None:
+            await self.backend.stop()
+        await self.server.stop()
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.settings.server.host}:{self.server.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.settings.server.host}:{self.server.grpc_port}"

@@ -1,0 +1,1 @@
+"""The worker process (`sloline worker`): serves one stage's model to the router."""

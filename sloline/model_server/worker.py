@@ -1,0 +1,184 @@
+"""The worker process: one stage's model, pulling batches from the router.
+
+Start-up: load the pipeline file, load the stage's model with the replica's thread budget,
+warm it up, then dial the router and say Hello (so a replica counts as ready only once it
+can serve). Then: receive a batch, run it, return per-item results, repeat. One batch is
+in flight at a time (the credit the router's queue accounts for).
+
+SIGTERM/SIGINT: finish the batch in hand, tell the router it is leaving, exit 0. If the
+router is unreachable or restarts, reconnect with capped exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from sloline.runtimes import StageRunner, load_pipeline_stage
+from sloline.serving.proto import worker_pb2 as pb
+from sloline.serving.proto import worker_pb2_grpc as pb_grpc
+from sloline.serving.types import DTYPES, datatype_of
+from sloline.spec import load_pipeline
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    pipeline_file: Path
+    stage: str
+    router: str  # host:port of the router's gRPC endpoint
+    threads: int = 1
+    cuda_device: int | None = None
+    hardware: str = ""
+    worker_id: str = ""
+    reconnect_max_s: float = 5.0
+    parent_pid: int | None = None  # exit with this process (set by the local backend)
+    cpus: tuple[int, ...] = ()  # CPU affinity of the hardware class, if any
+
+
+def run_batch(runner: StageRunner, batch: pb.Batch) -> pb.Result:
+    """Run one batch through the model; model errors become the batch's error text."""
+    items = [
+        {t.name: np.frombuffer(t.data, dtype=DTYPES[t.datatype]).reshape(t.shape)
+         for t in item.tensors}
+        for item in batch.items
+    ]  # fmt: skip
+    start = time.perf_counter()
+    try:
+        outputs = runner.run(items)
+    except Exception as exc:  # the model's failure is reported, never kills the worker
+        log.exception("batch %d failed", batch.batch_id)
+        return pb.Result(batch_id=batch.batch_id, error=f"{type(exc).__name__}: {exc}",
+                         service_s=time.perf_counter() - start)  # fmt: skip
+    service_s = time.perf_counter() - start
+    result = pb.Result(batch_id=batch.batch_id, service_s=service_s)
+    for out in outputs:
+        result.items.append(
+            pb.ItemResult(tensors=[
+                pb.Tensor(name=name, datatype=datatype_of(arr), shape=arr.shape,
+                          data=np.ascontiguousarray(arr).tobytes())
+                for name, arr in out.items()
+            ])
+        )  # fmt: skip
+    return result
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, runner: StageRunner, pipeline: str) -> None:
+        self.settings = settings
+        self.runner = runner
+        self.pipeline = pipeline
+        self.stopping = asyncio.Event()
+
+    def hello(self) -> pb.WorkerMessage:
+        s = self.settings
+        return pb.WorkerMessage(hello=pb.Hello(
+            pipeline=self.pipeline, stage=s.stage, worker_id=s.worker_id or f"pid-{os.getpid()}",
+            pid=os.getpid(), hardware=s.hardware,
+        ))  # fmt: skip
+
+    async def serve(self) -> None:
+        """Connect, serve until stopped, reconnect after router failures."""
+        backoff = 0.05
+        while not self.stopping.is_set():
+            try:
+                await self._session()
+                backoff = 0.05
+            except (grpc.aio.AioRpcError, ConnectionError) as exc:
+                if self.stopping.is_set():
+                    break
+                reason = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                log.warning("router %s: %s; retrying in %.2fs", self.settings.router, reason,
+                            backoff)  # fmt: skip
+            if self.stopping.is_set():
+                break
+            try:
+                await asyncio.wait_for(self.stopping.wait(), backoff)
+            except TimeoutError:
+                backoff = min(backoff * 2, self.settings.reconnect_max_s)
+
+    async def _session(self) -> None:
+        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]  # fmt: skip
+        async with grpc.aio.insecure_channel(self.settings.router, options=options) as channel:
+            call = pb_grpc.WorkerServiceStub(channel).Connect()
+            await call.write(self.hello())
+            welcome = await call.read()
+            if welcome is grpc.aio.EOF or not welcome.HasField("welcome"):
+                raise ConnectionError("router closed the stream before welcoming this worker")
+            if welcome.welcome.error:
+                raise SystemExit(f"router refused this worker: {welcome.welcome.error}")
+            log.info("stage %s connected to %s", self.settings.stage, self.settings.router)
+            await self._loop(call)
+
+    async def _loop(
+        self, call: grpc.aio.StreamStreamCall[pb.WorkerMessage, pb.RouterMessage]
+    ) -> None:
+        """Serve batches until the router closes the stream. Stopping writes Leaving
+        (under the write lock, never inside a result write) and keeps serving whatever the
+        router already sent, so no batch is stranded on the wire."""
+        lock = asyncio.Lock()
+
+        async def announce_leaving() -> None:
+            await self.stopping.wait()
+            async with lock:
+                await call.write(pb.WorkerMessage(leaving=pb.Leaving()))
+
+        leaving = asyncio.create_task(announce_leaving())
+        try:
+            while (message := await call.read()) is not grpc.aio.EOF:
+                assert isinstance(message, pb.RouterMessage)
+                if message.HasField("batch"):
+                    result = pb.WorkerMessage(result=run_batch(self.runner, message.batch))
+                    async with lock:
+                        await call.write(result)
+        finally:
+            leaving.cancel()
+        if not self.stopping.is_set():
+            raise ConnectionError("router closed the stream")
+        await call.done_writing()
+
+
+def _die_with_parent(parent_pid: int | None) -> None:
+    """Get SIGTERM when the supervising process dies (Linux), so no worker is orphaned."""
+    if parent_pid is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        raise SystemExit(f"supervisor pid {parent_pid} is gone")
+
+
+def main(settings: WorkerSettings) -> int:
+    """Entry point of `sloline worker`: load, warm up, serve; return the exit code."""
+    _die_with_parent(settings.parent_pid)
+    if settings.cpus:
+        os.sched_setaffinity(0, settings.cpus)
+    loaded = load_pipeline(settings.pipeline_file)
+    runner = load_pipeline_stage(loaded, settings.stage, threads=settings.threads,
+                                 cuda_device=settings.cuda_device)  # fmt: skip
+    runner.warmup()
+    worker = Worker(settings, runner, loaded.name)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stopping.set)
+        await worker.serve()
+
+    asyncio.run(run())
+    return 0

@@ -1,0 +1,169 @@
+"""The centralized batched queue of one stage (InferLine §3; Clipper's batching queue).
+
+FIFO; whenever a worker is idle (it holds one credit) and work is queued, the worker gets
+`min(queue length, max_batch)` items at once. This is exactly what the estimator
+simulates, so planned latencies hold in production. The queue is a synchronous state
+machine with no I/O: every call takes `now` and returns what to do (batches to send,
+items that expired or failed), and the router performs it. Every pushed item leaves the
+queue exactly once: in a completed batch, expired (deadline passed or request cancelled),
+or failed (its worker died while holding it `max_attempts` times).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any
+
+from sloline.serving.types import Tensor
+
+
+class QueueFull(Exception):
+    """The stage queue is at capacity; the caller sheds the request (503)."""
+
+
+@dataclass(slots=True, eq=False)
+class WorkItem:
+    """One request's visit to one stage."""
+
+    request: Any  # opaque to the queue: the router's per-request state
+    inputs: dict[str, Tensor]
+    deadline: float
+    enqueued_at: float = 0.0
+    attempts: int = 0  # how many times it was handed to a worker
+    cancelled: bool = False  # its request already failed or finished elsewhere
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    worker: Hashable
+    batch_id: int
+    items: list[WorkItem]
+
+
+@dataclass(slots=True)
+class Step:
+    """What a queue operation asks the caller to do."""
+
+    dispatches: list[Dispatch] = field(default_factory=list)
+    expired: list[WorkItem] = field(default_factory=list)  # fail with DeadlineExceeded
+    failed: list[WorkItem] = field(default_factory=list)  # fail: worker died twice
+    completed: list[WorkItem] = field(default_factory=list)  # deliver results
+
+
+class StageQueue:
+    """FIFO batched queue with credit-based pull dispatch to workers."""
+
+    def __init__(self, stage: str, *, max_batch: int, capacity: int, max_attempts: int = 2):
+        if max_batch < 1 or capacity < 1:
+            raise ValueError("max_batch and capacity must be at least 1")
+        self.stage = stage
+        self.max_batch = max_batch
+        self.capacity = capacity
+        self.max_attempts = max_attempts
+        self._items: deque[WorkItem] = deque()
+        self._idle: deque[Hashable] = deque()  # workers holding a credit, longest idle first
+        self._busy: dict[Hashable, Dispatch] = {}
+        self._draining: set[Hashable] = set()
+        self._batch_ids = count(1)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def workers(self) -> int:
+        return len(self._idle) + len(self._busy)
+
+    @property
+    def busy_workers(self) -> int:
+        return len(self._busy)
+
+    def in_flight(self) -> int:
+        return sum(len(d.items) for d in self._busy.values())
+
+    def push(self, item: WorkItem, now: float) -> Step:
+        if len(self._items) >= self.capacity:
+            raise QueueFull(f"stage {self.stage!r} queue is full ({self.capacity} items)")
+        item.enqueued_at = now
+        self._items.append(item)
+        return self._dispatch(now, Step())
+
+    def add_worker(self, worker: Hashable, now: float) -> Step:
+        """A worker connected (or reconnected) and is idle."""
+        if worker in self._busy or worker in self._idle:
+            raise ValueError(f"worker {worker!r} is already registered on {self.stage!r}")
+        self._draining.discard(worker)
+        self._idle.append(worker)
+        return self._dispatch(now, Step())
+
+    def worker_done(self, worker: Hashable, batch_id: int, now: float) -> Step:
+        """The worker returned the results of `batch_id`; it is idle again unless draining."""
+        dispatch = self._busy.get(worker)
+        if dispatch is None or dispatch.batch_id != batch_id:
+            raise KeyError(f"worker {worker!r} holds no batch {batch_id} on {self.stage!r}")
+        del self._busy[worker]
+        step = Step(completed=dispatch.items)
+        if worker not in self._draining:
+            self._idle.append(worker)
+        return self._dispatch(now, step)
+
+    def drain_worker(self, worker: Hashable) -> bool:
+        """The worker is leaving: it finishes its batch but gets no new one. Returns True
+        when it holds no batch, so it can be let go now."""
+        self._draining.add(worker)
+        if worker in self._idle:
+            self._idle.remove(worker)
+        return worker not in self._busy
+
+    def draining(self, worker: Hashable) -> bool:
+        return worker in self._draining
+
+    def remove_worker(self, worker: Hashable, now: float) -> Step:
+        """The worker is gone. Its in-flight batch goes back to the head of the queue in
+        order, once; items that already had `max_attempts` tries fail instead."""
+        self._draining.discard(worker)
+        if worker in self._idle:
+            self._idle.remove(worker)
+        step = Step()
+        dispatch = self._busy.pop(worker, None)
+        if dispatch is not None:
+            retry = []
+            for item in dispatch.items:
+                if item.cancelled:
+                    step.expired.append(item)
+                elif item.attempts >= self.max_attempts:
+                    step.failed.append(item)
+                else:
+                    retry.append(item)
+            self._items.extendleft(reversed(retry))
+        return self._dispatch(now, step)
+
+    def cancel_expired(self, now: float) -> Step:
+        """Drop queued items whose deadline passed or whose request is gone."""
+        step = Step()
+        if any(i.cancelled or i.deadline <= now for i in self._items):
+            keep: deque[WorkItem] = deque()
+            for item in self._items:
+                (step.expired if item.cancelled or item.deadline <= now else keep).append(item)
+            self._items = keep
+        return step
+
+    def _dispatch(self, now: float, step: Step) -> Step:
+        items = self._items
+        while self._idle and items:
+            batch: list[WorkItem] = []
+            while items and len(batch) < self.max_batch:
+                item = items.popleft()
+                if item.cancelled or item.deadline <= now:
+                    step.expired.append(item)
+                    continue
+                item.attempts += 1
+                batch.append(item)
+            if batch:
+                worker = self._idle.popleft()
+                dispatch = Dispatch(worker, next(self._batch_ids), batch)
+                self._busy[worker] = dispatch
+                step.dispatches.append(dispatch)
+        return step

@@ -1,0 +1,439 @@
+"""The pipeline router: the data plane behind the REST and gRPC front doors.
+
+One router serves one pipeline. For each request it validates the inputs against the
+spec, walks the DAG (`DagRun`), and puts each ready stage's work into that stage's
+centralized batched queue (`StageQueue`). Workers dial in over `WorkerService.Connect`
+and pull batches with one credit each; results flow back, downstream stages become
+ready, and the output stage's values are the response.
+
+Failure rules (the issue's contract): a request past its deadline is failed with 504
+and its queued work is dropped rather than occupying a worker; a worker that dies
+mid-batch has that batch re-queued once at the head, and failed explicitly the second
+time; a full stage queue or too many requests in flight answer 503 with a retry hint;
+every request is answered exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry
+
+from sloline.serving.dag import DagRun, ReadyStage
+from sloline.serving.metrics import RouterMetrics, StateCollector
+from sloline.serving.proto import worker_pb2 as pb
+from sloline.serving.proto import worker_pb2_grpc as pb_grpc
+from sloline.serving.queue import QueueFull, StageQueue, Step, WorkItem
+from sloline.serving.stats import RouterStats
+from sloline.serving.types import (
+    DeadlineExceeded,
+    InferenceError,
+    InferRequest,
+    InferResponse,
+    InvalidInput,
+    ModelMetadata,
+    ModelNotFound,
+    Overloaded,
+    StageFailed,
+    Tensor,
+    TensorMetadata,
+)
+from sloline.spec import PipelineGraph
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    """Router behaviour; the CLI parses these once from flags."""
+
+    queue_capacity: int = 1024  # items per stage queue before shedding (503)
+    max_inflight: int = 4096  # requests in the router at once before shedding (503)
+    deadline_factor: float = 2.0  # default deadline = factor x SLO latency
+    max_attempts: int = 2  # dispatches per item: a dead worker's batch is retried once
+    retry_after_s: float = 0.1  # hint sent with 503s
+    expiry_interval_s: float = 0.01  # how often queued work is checked for deadlines
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    run: DagRun
+    future: asyncio.Future[dict[str, Tensor]]
+    arrival: float
+    deadline: float
+    items: list[WorkItem] = field(default_factory=list)
+
+    def fail(self, error: InferenceError) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+        for item in self.items:
+            item.cancelled = True
+
+
+@dataclass(slots=True, eq=False)
+class WorkerConn:
+    """One connected worker process and the channel to send it batches."""
+
+    id: str
+    stage: str
+    pid: int
+    hardware: str
+    outbox: asyncio.Queue[pb.RouterMessage | None] = field(default_factory=asyncio.Queue)
+
+
+class Router:
+    """Implements `DataPlane` for one pipeline and `WorkerService` for its workers."""
+
+    def __init__(
+        self,
+        graph: PipelineGraph,
+        *,
+        max_batch: Mapping[str, int] | None = None,
+        settings: RouterSettings | None = None,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        desired_replicas: Callable[[], Mapping[str, int]] | None = None,
+        cost_per_hour: Callable[[], Mapping[str, float]] | None = None,
+        on_arrival: Callable[[float], None] | None = None,
+        envelope: Callable[[], Mapping[float, float]] | None = None,
+    ) -> None:
+        self.graph = graph
+        self.name = graph.name
+        self.settings = settings or RouterSettings()
+        self.clock = clock
+        spec = graph.pipeline.spec
+        self.slo_s = spec.slo.latency_ms / 1000.0
+        batches = dict(max_batch or {})
+        self.queues = {
+            name: StageQueue(
+                name,
+                max_batch=batches.get(name, node.spec.max_batch or 1),
+                capacity=self.settings.queue_capacity,
+                max_attempts=self.settings.max_attempts,
+            )
+            for name, node in graph.stages.items()
+        }
+        self.workers: dict[str, WorkerConn] = {}
+        self._inflight = 0
+        self._worker_ids = count(1)
+        self._on_arrival = on_arrival
+        self._desired = desired_replicas or (lambda: {})
+        self.metrics = RouterMetrics(self.name, graph.stages, registry or CollectorRegistry())
+        self.stats = RouterStats(list(graph.stages))
+        self.draining = False
+        if registry is not None:
+            registry.register(
+                StateCollector(
+                    self.name,
+                    lambda: {n: len(q) for n, q in self.queues.items()},
+                    self.replicas,
+                    cost_per_hour or (lambda: {}),
+                    envelope or (lambda: {}),
+                )
+            )
+        self._inputs = {t.name: t for t in spec.inputs}
+        self._expiry_task: asyncio.Task[None] | None = None
+
+    # ----------------------------------------------------------------- DataPlane
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return all(q.workers > 0 for q in self.queues.values())
+
+    def model_ready(self, name: str) -> bool:
+        self._check_name(name)
+        return self.ready()
+
+    def model_metadata(self, name: str) -> ModelMetadata:
+        self._check_name(name)
+        out = self.graph.output.spec.outputs
+        return ModelMetadata(
+            name=self.name,
+            platform="sloline_pipeline",
+            versions=("1",),
+            inputs=tuple(TensorMetadata(t.name, t.datatype, (-1, *t.shape)) for t in
+                         self.graph.inputs),
+            outputs=tuple(TensorMetadata(t.name, t.datatype, (-1, *t.shape)) for t in out),
+        )  # fmt: skip
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        self._check_name(request.model_name)
+        inputs, batched = self._validate(request.inputs)
+        now = self.clock()
+        if self._on_arrival is not None:
+            self._on_arrival(now)
+        if self.draining:
+            self.metrics.answered(503, None, self.slo_s)
+            raise Overloaded("the router is shutting down", retry_after_s=1.0)
+        if self._inflight >= self.settings.max_inflight:
+            self.metrics.answered(503, None, self.slo_s)
+            raise Overloaded(
+                f"{self._inflight} requests in flight (limit {self.settings.max_inflight}); "
+                "retry later",
+                retry_after_s=self.settings.retry_after_s,
+            )
+        timeout_s = self._timeout(request.parameters)
+        loop = asyncio.get_running_loop()
+        state = _Request(DagRun(self.graph, inputs), loop.create_future(), now, now + timeout_s)
+        self._inflight += 1
+        timer = loop.call_later(timeout_s, self._expire_request, state)
+        try:
+            self._submit(state, state.run.start())
+            outputs = await state.future
+        except InferenceError as exc:
+            self.metrics.answered(exc.status, None, self.slo_s)
+            self.stats.errors.add(self.clock(), 1.0)
+            raise
+        finally:
+            timer.cancel()
+            self._inflight -= 1
+        end = self.clock()
+        latency_s = end - state.arrival
+        self.metrics.answered(200, latency_s, self.slo_s)
+        self.stats.latency.add(end, latency_s)
+        return InferResponse(self.name, self._shape_outputs(outputs, request, batched),
+                             id=request.id)  # fmt: skip
+
+    # ------------------------------------------------------------ request flow
+    def _check_name(self, name: str) -> None:
+        if name != self.name:
+            raise ModelNotFound(f"unknown model {name!r}; this router serves {self.name!r}")
+
+    def _validate(self, given: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], bool]:
+        """Check names, datatypes and shapes; strip a leading batch dim of 1 if present."""
+        unknown = sorted(set(given) - set(self._inputs))
+        if unknown:
+            raise InvalidInput(f"unknown input(s) {unknown}; expected {sorted(self._inputs)}")
+        inputs: dict[str, Tensor] = {}
+        batched: set[bool] = set()
+        for name, spec in self._inputs.items():
+            tensor = given.get(name)
+            if tensor is None:
+                raise InvalidInput(f"missing input {name!r} ({spec.datatype} {spec.shape})")
+            if tensor.datatype != spec.datatype:
+                raise InvalidInput(
+                    f"input {name!r} has datatype {tensor.datatype}, expected {spec.datatype}"
+                )
+            shape = tensor.shape
+            if len(shape) == len(spec.shape) + 1 and shape[0] == 1:
+                shape, lead = shape[1:], True
+            else:
+                lead = False
+            if len(shape) != len(spec.shape) or any(
+                want not in (-1, got) for want, got in zip(spec.shape, shape, strict=True)
+            ):
+                raise InvalidInput(
+                    f"input {name!r} has shape {list(tensor.shape)}, expected {spec.shape} "
+                    f"or [1, {', '.join(map(str, spec.shape))}] (-1 = any size)"
+                )
+            batched.add(lead)
+            inputs[name] = Tensor(tensor.datatype, shape, tensor.data) if lead else tensor
+        if len(batched) > 1:
+            raise InvalidInput("inputs mix shapes with and without a leading batch dim of 1")
+        return inputs, batched.pop()
+
+    def _timeout(self, parameters: Mapping[str, Any]) -> float:
+        value = parameters.get("timeout_ms")
+        if value is None:
+            return self.settings.deadline_factor * self.slo_s
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise InvalidInput(f"parameter timeout_ms must be a positive number, got {value!r}")
+        return float(value) / 1000.0
+
+    def _shape_outputs(
+        self, outputs: dict[str, Tensor], request: InferRequest, batched: bool
+    ) -> dict[str, Tensor]:
+        if request.outputs is not None:
+            missing = sorted(set(request.outputs) - set(outputs))
+            if missing:
+                raise InvalidInput(f"unknown output(s) {missing}; available {sorted(outputs)}")
+            outputs = {name: outputs[name] for name in request.outputs}
+        if batched:
+            outputs = {n: Tensor(t.datatype, (1, *t.shape), t.data) for n, t in outputs.items()}
+        return outputs
+
+    def _submit(self, state: _Request, ready: list[ReadyStage]) -> None:
+        now = self.clock()
+        for stage in ready:
+            item = WorkItem(state, stage.inputs, state.deadline)
+            queue = self.queues[stage.name]
+            try:
+                step = queue.push(item, now)
+            except QueueFull as exc:
+                state.fail(Overloaded(f"{exc}; retry later",
+                                      retry_after_s=self.settings.retry_after_s))  # fmt: skip
+                return
+            state.items.append(item)
+            self._perform(queue, step)
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    def _expire_request(self, state: _Request) -> None:
+        state.fail(
+            DeadlineExceeded(
+                f"request did not finish within its deadline of "
+                f"{(state.deadline - state.arrival) * 1000:.0f} ms (pipeline SLO "
+                f"{self.slo_s * 1000:.0f} ms); the pipeline is overloaded or under-provisioned"
+            )
+        )
+
+    def _perform(self, queue: StageQueue, step: Step) -> None:
+        for dispatch in step.dispatches:
+            conn = self.workers.get(str(dispatch.worker))
+            if conn is None:  # pragma: no cover - the queue only knows connected workers
+                raise RuntimeError(f"dispatch to unknown worker {dispatch.worker}")
+            self.metrics.batch(queue.stage, len(dispatch.items))
+            self.stats.stage_batch[queue.stage].add(self.clock(), len(dispatch.items))
+            batch = pb.Batch(batch_id=dispatch.batch_id)
+            for item in dispatch.items:
+                batch.items.append(
+                    pb.Item(tensors=[
+                        pb.Tensor(name=n, datatype=t.datatype, shape=t.shape, data=t.data)
+                        for n, t in item.inputs.items()
+                    ])
+                )  # fmt: skip
+            conn.outbox.put_nowait(pb.RouterMessage(batch=batch))
+        for item in step.expired:
+            item.request.fail(DeadlineExceeded(
+                f"deadline passed while queued at stage {queue.stage!r}"))  # fmt: skip
+        for item in step.failed:
+            self.metrics.stage_errors.labels(self.name, queue.stage, "worker_lost").inc()
+            item.request.fail(StageFailed(
+                f"stage {queue.stage!r}: its worker died twice while processing this request"
+            ))  # fmt: skip
+
+    # ----------------------------------------------------------------- workers
+    def replicas(self) -> dict[str, tuple[int, int]]:
+        desired = self._desired()
+        return {n: (desired.get(n, q.workers), q.workers) for n, q in self.queues.items()}
+
+    def attach(self, hello: pb.Hello) -> WorkerConn:
+        if hello.pipeline != self.name:
+            raise ValueError(f"this router serves pipeline {self.name!r}, not {hello.pipeline!r}")
+        if hello.stage not in self.queues:
+            raise ValueError(f"pipeline {self.name!r} has no stage {hello.stage!r}")
+        conn = WorkerConn(f"{hello.stage}/{next(self._worker_ids)}", hello.stage, hello.pid,
+                          hello.hardware)  # fmt: skip
+        self.workers[conn.id] = conn
+        queue = self.queues[conn.stage]
+        self._perform(queue, queue.add_worker(conn.id, self.clock()))
+        log.info("worker %s (pid %d) joined stage %s", conn.id, conn.pid, conn.stage)
+        return conn
+
+    def detach(self, conn: WorkerConn) -> None:
+        if self.workers.pop(conn.id, None) is None:
+            return
+        queue = self.queues[conn.stage]
+        busy = queue.in_flight()
+        step = queue.remove_worker(conn.id, self.clock())
+        requeued = busy - queue.in_flight() - len(step.failed) - len(step.expired)
+        if requeued:
+            self.metrics.requeued.labels(self.name, conn.stage).inc(requeued)
+            log.warning("worker %s left holding %d item(s); re-queued", conn.id, requeued)
+        self._perform(queue, step)
+        conn.outbox.put_nowait(None)
+
+    def leaving(self, conn: WorkerConn) -> None:
+        if self.queues[conn.stage].drain_worker(conn.id):
+            conn.outbox.put_nowait(None)
+
+    def on_result(self, conn: WorkerConn, result: pb.Result) -> None:
+        queue = self.queues[conn.stage]
+        now = self.clock()
+        step = queue.worker_done(conn.id, result.batch_id, now)
+        self.metrics.service_time(conn.stage, result.service_s)
+        items = step.completed
+        visits = self.stats.stage_latency[conn.stage]
+        for item in items:
+            visits.add(now, now - item.enqueued_at)
+        if result.error or len(result.items) != len(items):
+            reason = result.error or (
+                f"worker returned {len(result.items)} results for {len(items)} items"
+            )
+            self.metrics.stage_errors.labels(self.name, conn.stage, "model_error").inc(len(items))
+            for item in items:
+                item.request.fail(StageFailed(f"stage {conn.stage!r} failed: {reason}"))
+        else:
+            for item, out in zip(items, result.items, strict=True):
+                state: _Request = item.request
+                if item.cancelled or state.future.done():
+                    continue
+                if out.error:
+                    self.metrics.stage_errors.labels(self.name, conn.stage, "model_error").inc()
+                    state.fail(StageFailed(f"stage {conn.stage!r} failed: {out.error}"))
+                    continue
+                values = {t.name: Tensor(t.datatype, tuple(t.shape), t.data) for t in out.tensors}
+                try:
+                    ready = state.run.complete(conn.stage, values)
+                    if state.run.finished:
+                        state.future.set_result(state.run.output())
+                    else:
+                        self._submit(state, ready)
+                except InferenceError as exc:
+                    state.fail(exc)
+        self._perform(queue, step)
+        if queue.draining(conn.id):
+            conn.outbox.put_nowait(None)
+
+    async def expire_queued(self) -> None:
+        """Periodically drop queued work whose deadline passed (runs for the router's life)."""
+        while True:
+            await asyncio.sleep(self.settings.expiry_interval_s)
+            now = self.clock()
+            for queue in self.queues.values():
+                if len(queue):
+                    self._perform(queue, queue.cancel_expired(now))
+
+
+class WorkerService(pb_grpc.WorkerServiceServicer):
+    """gRPC endpoint workers dial: Hello, then results up and batches down."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    async def Connect(  # noqa: N802 - gRPC method name
+        self,
+        request_iterator: AsyncIterator[pb.WorkerMessage],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[pb.RouterMessage]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.HasField("hello"):
+            yield pb.RouterMessage(welcome=pb.Welcome(error="first message must be Hello"))
+            return
+        try:
+            conn = self.router.attach(first.hello)
+        except ValueError as exc:
+            yield pb.RouterMessage(welcome=pb.Welcome(error=str(exc)))
+            return
+        yield pb.RouterMessage(welcome=pb.Welcome())
+        reader = asyncio.create_task(self._read(conn, request_iterator))
+        try:
+            while (message := await conn.outbox.get()) is not None:
+                yield message
+        finally:
+            reader.cancel()
+            self.router.detach(conn)
+
+    async def _read(self, conn: WorkerConn, messages: AsyncIterator[pb.WorkerMessage]) -> None:
+        try:
+            async for message in messages:
+                if message.HasField("result"):
+                    self.router.on_result(conn, message.result)
+                elif message.HasField("leaving"):
+                    self.router.leaving(conn)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("worker %s sent a message the router could not handle", conn.id)
+        finally:
+            self.router.detach(conn)

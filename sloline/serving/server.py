@@ -1,0 +1,93 @@
+"""Runs a router's front doors in one asyncio event loop: REST (uvicorn) on the HTTP
+port, and one gRPC server carrying both the Open Inference Protocol service for clients
+and the WorkerService that workers dial. Ports default to Triton's (8000 HTTP, 8001 gRPC);
+port 0 picks a free one (tests), and the bound ports are reported back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from dataclasses import dataclass
+
+import grpc
+import uvicorn
+from prometheus_client import CollectorRegistry, make_asgi_app
+
+from sloline.serving.grpc_frontdoor import add_inference_service
+from sloline.serving.http import create_http_app
+from sloline.serving.proto import worker_pb2_grpc
+from sloline.serving.router import Router, WorkerService
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    max_body_bytes: int = 64 * 1024 * 1024
+
+
+class RouterServer:
+    """Owns the listening sockets and servers of one router."""
+
+    def __init__(
+        self, router: Router, registry: CollectorRegistry, settings: ServerSettings
+    ) -> None:
+        self.router = router
+        self.registry = registry
+        self.settings = settings
+        self.http_port = 0
+        self.grpc_port = 0
+        self._grpc: grpc.aio.Server | None = None
+        self._http: uvicorn.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        s = self.settings
+        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.so_reuseport", 0)]  # fmt: skip
+        self._grpc = grpc.aio.server(options=options)
+        worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerService(self.router), self._grpc)
+        add_inference_service(self._grpc, self.router)
+        self.grpc_port = self._grpc.add_insecure_port(f"{s.host}:{s.grpc_port}")
+        if self.grpc_port == 0:
+            raise OSError(f"cannot listen for gRPC on {s.host}:{s.grpc_port} (port in use?)")
+        await self._grpc.start()
+
+        sock = socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((s.host, s.http_port))
+        except OSError as exc:
+            raise OSError(f"cannot listen for HTTP on {s.host}:{s.http_port}: {exc}") from None
+        self.http_port = sock.getsockname()[1]
+        app = create_http_app(self.router, max_body_bytes=s.max_body_bytes,
+                              metrics_app=make_asgi_app(self.registry))  # fmt: skip
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=2)  # fmt: skip
+        self._http = uvicorn.Server(config)
+        self._http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._tasks = [
+            asyncio.create_task(self._http.serve(sockets=[sock])),
+            asyncio.create_task(self.router.expire_queued()),
+        ]
+        while not self._http.started:
+            if self._tasks[0].done():
+                self._tasks[0].result()  # raises the start-up error
+            await asyncio.sleep(0.005)
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        if self._http is not None:
+            self._http.should_exit = True
+        if self._grpc is not None:
+            await self._grpc.stop(grace_s)
+        for task in self._tasks[1:]:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,151 @@
+"""Pydantic models of the `PredictionPipeline` resource (sloline.dev/v1alpha1).
+
+These models are the single source of truth for the pipeline format: the YAML users
+write, the Kubernetes CRD schema (generated from them, see `crd.py`) and what every other
+part reads. Field names are camelCase on the wire (Kubernetes style) and snake_case in
+Python. Structural checks that need the whole pipeline (duplicates, cycles, dangling
+references, conditions) live in `validate.py` so that they can report exact field paths.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+API_VERSION = "sloline.dev/v1alpha1"
+KIND = "PredictionPipeline"
+
+# Open Inference Protocol datatypes that sloline carries as fixed-width numpy arrays.
+Datatype = Literal[
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64",
+    "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64",
+]  # fmt: skip
+
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+TENSOR_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:-]*$"
+
+
+class SpecModel(BaseModel):
+    """Base: camelCase aliases, unknown fields rejected, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class TensorSpec(SpecModel):
+    """A named tensor of one request (no batch dimension); -1 marks a variable dim."""
+
+    name: str = Field(pattern=TENSOR_NAME_PATTERN, max_length=128)
+    datatype: Datatype
+    shape: list[int] = Field(default_factory=list, max_length=8)
+
+
+class StageInput(SpecModel):
+    """One input of a stage's model: `name` is the model's input name, `from` says where
+    the value comes from: a pipeline input (`pixels`) or a stage output (`fast.probs`)."""
+
+    name: str = Field(pattern=TENSOR_NAME_PATTERN, max_length=128)
+    from_: str = Field(alias="from", min_length=1, max_length=256)
+    optional: bool = Field(
+        default=False,
+        description="If the producing stage was skipped by its condition, run this stage "
+        "without the input instead of skipping it too (Python stages only).",
+    )
+
+
+class ModelSpec(SpecModel):
+    """How a stage's model is loaded.
+
+    onnx / torchscript: `uri` is a file path, relative to the pipeline file.
+    python: `entrypoint` is `module:attr`; attr is a function, or a class that is
+    instantiated once with `config` as keyword arguments and then called. `batching`
+    says whether it receives stacked arrays (`stacked`) or a list of per-request dicts.
+    """
+
+    runtime: Literal["onnx", "torchscript", "python"]
+    uri: str | None = None
+    entrypoint: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    batching: Literal["stacked", "list"] = "stacked"
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class StageSpec(SpecModel):
+    name: str = Field(pattern=NAME_PATTERN, max_length=40)
+    model: ModelSpec
+    inputs: list[StageInput] = Field(min_length=1)
+    outputs: list[TensorSpec] = Field(min_length=1)
+    when: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Condition over upstream outputs, e.g. `fast.confidence < 0.85`; "
+        "the stage runs only when it is true.",
+    )
+    hardware: str | None = Field(default=None, description="Pin the stage to this class.")
+    max_batch: int | None = Field(default=None, ge=1, le=4096)
+    replicas: int | None = Field(default=None, ge=0, le=1024)
+    min_replicas: int | None = Field(default=None, ge=0, le=1024)
+    max_replicas: int | None = Field(default=None, ge=1, le=1024)
+
+
+class SLOSpec(SpecModel):
+    latency_ms: float = Field(gt=0, le=3_600_000)
+    percentile: float = Field(default=99.0, gt=0, le=100)
+
+
+class WorkloadSpec(SpecModel):
+    """The planning workload: a rate with burstiness (gamma inter-arrivals with the given
+    squared coefficient of variation) or an explicit trace of arrival times in seconds."""
+
+    rate_rps: float | None = Field(default=None, gt=0)
+    cv2: float = Field(default=1.0, gt=0, le=100)
+    duration_s: float = Field(default=60.0, gt=0, le=86_400)
+    trace: list[float] | None = None
+    trace_uri: str | None = None
+    seed: int = 0
+
+
+class SamplesSpec(SpecModel):
+    """Sample requests for profiling and tests: an `.npz` file with one array per pipeline
+    input (first axis = request), or a Python `module:function` returning such a dict."""
+
+    uri: str | None = None
+    entrypoint: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class PipelineSpec(SpecModel):
+    slo: SLOSpec
+    workload: WorkloadSpec
+    hardware: list[str] = Field(
+        default_factory=list,
+        description="Allowed hardware classes; empty means every class of the catalog.",
+    )
+    inputs: list[TensorSpec] = Field(min_length=1)
+    stages: list[StageSpec] = Field(min_length=1, max_length=64)
+    output: str = Field(description="Name of the stage whose outputs are the response.")
+    samples: SamplesSpec | None = None
+
+
+class Metadata(SpecModel):
+    name: str = Field(pattern=NAME_PATTERN, max_length=63)
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class PredictionPipeline(SpecModel):
+    # Kubernetes adds bookkeeping to objects it returns; only `spec` and `metadata` matter.
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
+    )
+
+    api_version: Literal["sloline.dev/v1alpha1"] = API_VERSION
+    kind: Literal["PredictionPipeline"] = KIND
+    metadata: Metadata
+    spec: PipelineSpec
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name

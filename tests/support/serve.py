@@ -1,0 +1,98 @@
+"""Serve a pipeline in the test process: the embedded stack (router, front doors, worker
+processes) runs on its own event loop in a background thread, so tests can use the real
+blocking tritonclient clients against it."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sloline.embedded import EmbeddedPipeline, EmbeddedSettings
+from sloline.serving.router import RouterSettings
+from sloline.serving.server import ServerSettings
+from sloline.spec import load_pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+NOOP = ROOT / "tests" / "support" / "pipelines" / "noop" / "pipeline.yaml"
+T = TypeVar("T")
+
+
+def build_example(name: str) -> Path:
+    """Build an example's models if missing (as `make run` does) and return its pipeline."""
+    folder = EXAMPLES / name
+    subprocess.run([sys.executable, str(folder / "build.py")], check=True, capture_output=True)
+    return folder / "pipeline.yaml"
+
+
+class BackgroundPipeline:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        replicas: dict[str, int] | None = None,
+        max_batch: dict[str, int] | None = None,
+        router: RouterSettings | None = None,
+        max_body_bytes: int = 64 * 1024 * 1024,
+        ready_timeout_s: float = 60.0,
+    ) -> None:
+        self.settings = EmbeddedSettings(
+            server=ServerSettings(http_port=0, grpc_port=0, max_body_bytes=max_body_bytes),
+            router=router or RouterSettings(),
+            replicas=replicas or {},
+            max_batch=max_batch or {},
+        )
+        self.loaded = load_pipeline(path)
+        self.ready_timeout_s = ready_timeout_s
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.pipeline: EmbeddedPipeline | None = None
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float = 120.0) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result(timeout_s)
+
+    def __enter__(self) -> BackgroundPipeline:
+        self.thread.start()
+
+        async def start() -> EmbeddedPipeline:
+            pipeline = EmbeddedPipeline(self.loaded, self.settings)
+            await pipeline.__aenter__()
+            await pipeline.wait_ready(self.ready_timeout_s)
+            return pipeline
+
+        try:
+            self.pipeline = self.call(start())
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pipeline is not None:
+            self.call(self.pipeline.shutdown())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    @property
+    def p(self) -> EmbeddedPipeline:
+        assert self.pipeline is not None
+        return self.pipeline
+
+    @property
+    def http_url(self) -> str:
+        return self.p.http_url
+
+    @property
+    def grpc_url(self) -> str:
+        return self.p.grpc_url
+
+    @property
+    def name(self) -> str:
+        return self.loaded.name

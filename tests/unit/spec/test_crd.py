@@ -1,0 +1,43 @@
+"""The checked-in CRD is exactly what the spec models generate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from sloline.spec.crd import crd_manifest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_crd_in_sync_with_models() -> None:
+    checked_in = yaml.safe_load((ROOT / "crds" / "predictionpipelines.sloline.dev.yaml").read_text())
+    assert checked_in == crd_manifest(), (
+        "crds/ is stale: regenerate with `sloline crd > crds/predictionpipelines.sloline.dev.yaml`"
+    )
+
+
+def _walk(node: object) -> list[dict[str, object]]:
+    if isinstance(node, dict):
+        return [node, *[n for v in node.values() for n in _walk(v)]]
+    if isinstance(node, list):
+        return [n for v in node for n in _walk(v)]
+    return []
+
+
+def test_schema_is_structural() -> None:
+    schema = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for node in _walk(schema):
+        assert "$ref" not in node and "anyOf" not in node and "const" not in node
+        if "properties" in node:
+            assert node.get("type") == "object"
+            assert "additionalProperties" not in node
+
+
+def test_spec_reference_doc_in_sync() -> None:
+    from sloline.spec.reference import reference_markdown
+
+    assert (ROOT / "docs" / "spec-reference.md").read_text() == reference_markdown(), (
+        "docs/spec-reference.md is stale: regenerate with `sloline crd --reference`"
+    )
