@@ -44,7 +44,7 @@ PRINTER_COLUMNS = [
 def spec_schema() -> dict[str, Any]:
     raw = PipelineSpec.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
-    schema = _structural(raw, defs)
+    schema: dict[str, Any] = _structural(raw, defs)
     schema["x-kubernetes-validations"] = SPEC_RULES
     schema["properties"]["workload"]["x-kubernetes-validations"] = WORKLOAD_RULES
     return schema
@@ -64,11 +64,11 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:  # noqa: C901 - one cas
         options = [o for o in any_of if o.get("type") != "null"]
         if len(options) == 1:
             rest = {k: v for k, v in node.items() if k != "anyOf"}
-            out = _structural({**options[0], **rest}, defs)
+            single: dict[str, Any] = _structural({**options[0], **rest}, defs)
             if len(options) < len(any_of):
-                out["nullable"] = True
-            out.pop("default", None)
-            return out
+                single["nullable"] = True
+            single.pop("default", None)
+            return single
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in ("title", "additionalProperties") and not (

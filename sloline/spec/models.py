@@ -9,13 +9,13 @@ references, conditions) live in `validate.py` so that they can report exact fiel
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-API_VERSION = "sloline.dev/v1alpha1"
-KIND = "PredictionPipeline"
+API_VERSION: Final = "sloline.dev/v1alpha1"
+KIND: Final = "PredictionPipeline"
 
 # Open Inference Protocol datatypes that sloline carries as fixed-width numpy arrays.
 Datatype = Literal[
