@@ -16,12 +16,18 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from sloline.backends.base import ReplicaStatus
 from sloline.backends.local import LocalBackend, StageLaunch
 from sloline.serving.router import Router, RouterSettings
 from sloline.serving.server import RouterServer, ServerSettings
 from sloline.spec import DEFAULT_CATALOG, HardwareCatalog, LoadedPipeline, PipelineError
 from sloline.spec.validate import Issue
 from sloline.tuner.envelope import StreamingEnvelope, window_sizes
+
+
+# The envelope gauges report the max over this look-back; Prometheus adds its own
+# max_over_time on top, so keep it near a scrape interval.
+ENVELOPE_GAUGE_LOOKBACK_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +122,8 @@ class EmbeddedPipeline:
             clock=clock,
             on_arrival=self.envelope.observe,
             envelope=lambda: dict(
-                zip(self.envelope.windows_s, self.envelope.rates(clock()), strict=True)
+                zip(self.envelope.windows_s, self.envelope.rates(clock(), ENVELOPE_GAUGE_LOOKBACK_S),
+                    strict=True)
             ),
             cost_per_hour=lambda: {
                 n: catalog.get(c.hardware).cost_per_hour * d
@@ -157,8 +164,8 @@ class EmbeddedPipeline:
                                    f"errors: {errors or 'none'}")  # fmt: skip
             await asyncio.sleep(0.05)
 
-    def backend_status(self) -> dict[str, object]:
-        return dict(self.backend.status()) if self.backend else {}
+    def backend_status(self) -> dict[str, ReplicaStatus]:
+        return self.backend.status() if self.backend else {}
 
     async def shutdown(self, drain_s: float = 5.0) -> None:
         self.router.draining = True

@@ -59,7 +59,7 @@ class RouterMetrics:
         self._slo_miss = self.slo_miss.labels(pipeline)
         self._batch = {s: self.batch_size.labels(pipeline, s) for s in stages}
         self._service = {s: self.service.labels(pipeline, s) for s in self._batch}
-        self._codes: dict[int, Counter] = {}
+        self._codes: dict[int, Counter] = {200: self.requests.labels(pipeline, "200")}
 
     def answered(self, code: int, latency_s: float | None, slo_s: float) -> None:
         counter = self._codes.get(code)

@@ -1,0 +1,352 @@
+"""InferLine's reactive tuning policy as pure functions (§5, Algorithms 3 and 4).
+
+The tuner keeps the pipeline provisioned for the live arrival process between plans.
+:func:`decide` takes a frozen :class:`TunerContext` (the time ``now_s``, every stage's
+replica counts and tuning parameters from the plan, the planning and observed traffic
+envelopes, recent arrival rates, the time of the last scaling change) plus
+:class:`TunerSettings` and returns the scaling decisions and the new last-change time. It
+does no I/O and reads no clock, so the live loop (:class:`sloline.tuner.sources.Tuner`)
+and a simulator with simulated time call the very same function.
+
+- **Scale up, Algorithm 3.** If the observed envelope exceeds the planning envelope at any
+  window, r_max is the largest such observed rate and every stage gets
+  k_m = ceil(r_max · s_m / (mu_m · rho_m)) replicas if it has fewer.
+- **Scale down, Algorithm 4.** Only once more than ``stabilization_s`` (15 s) has passed
+  since the last change: λ_new is the max rate of the 5 s windows of the last 30 s and
+  every stage keeps k_m = ceil(λ_new · s_m / (mu_m · rho_min)) replicas, with rho_min the
+  smallest rho_m of the pipeline.
+
+Choices where §5 is silent or loose (also in docs/tuner.md):
+
+- Replica counts compare against the *desired* count: replicas still starting are already
+  paid for and will serve, so counting only ready ones would scale up twice.
+- Any change, up or down, restarts the stabilisation delay (the §5 text says "after any
+  configuration changes"; Alg. 4's pseudo-code only shows scale-up setting LastUpdate).
+  At most one decision per stage per tick; a tick with a scale-up does no scale-down.
+- Targets are clamped to [min_replicas, max_replicas]; a desired count outside the
+  bounds is corrected at once. k_m is >= 1 whenever its rate is > 0 and s_m > 0, so a
+  stage with traffic never drops to 0; it reaches 0 only if min_replicas is 0 and no
+  request arrived in the λ look-back. A stage at 0 replicas is woken up to at least 1 as
+  soon as any arrival shows in the observed envelope, even below the planning envelope.
+- Scale-down waits for a full λ look-back of evidence (6 windows of 5 s) and, by default,
+  never goes below what Algorithm 3 currently demands (``down_respects_up_demand``):
+  otherwise a burstier-than-planned workload makes Alg. 3 and Alg. 4 flap every 15 s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sloline.tuner.envelope import Envelope, window_sizes
+
+__all__ = [
+    "Decision",
+    "Exceedance",
+    "StageState",
+    "TunerContext",
+    "TunerOutcome",
+    "TunerSettings",
+    "decide",
+    "exceedances",
+    "replicas_for_rate",
+    "scale_down",
+    "scale_up",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StageState:
+    """One stage as the tuner sees it: replica counts now and its plan parameters (§5)."""
+
+    name: str
+    desired_replicas: int
+    ready_replicas: int
+    min_replicas: int
+    max_replicas: int
+    scale_factor: float
+    """s_m: the fraction of pipeline queries that reach this stage (conditional edges)."""
+    throughput_rps: float
+    """mu_m: the max throughput of one replica in its planned configuration."""
+    max_provisioning_ratio: float
+    """rho_m: the planner's max-provisioning ratio (slack kept to absorb bursts)."""
+
+    def __post_init__(self) -> None:
+        if self.desired_replicas < 0 or self.ready_replicas < 0:
+            raise ValueError(f"stage {self.name!r}: replica counts must be >= 0")
+        if not 0 <= self.min_replicas <= self.max_replicas:
+            raise ValueError(
+                f"stage {self.name!r}: need 0 <= min_replicas <= max_replicas, got "
+                f"min={self.min_replicas} max={self.max_replicas}"
+            )
+        if not (math.isfinite(self.scale_factor) and self.scale_factor >= 0.0):
+            raise ValueError(f"stage {self.name!r}: scale factor s_m must be finite and >= 0")
+        if not (math.isfinite(self.throughput_rps) and self.throughput_rps > 0.0):
+            raise ValueError(f"stage {self.name!r}: throughput mu_m must be > 0 rps")
+        if not (math.isfinite(self.max_provisioning_ratio) and self.max_provisioning_ratio > 0):
+            raise ValueError(f"stage {self.name!r}: max-provisioning ratio rho_m must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class TunerSettings:
+    """Tuner parameters; defaults are InferLine's (§5)."""
+
+    window_base_s: float
+    """T_s, the smallest envelope window (the system's service time)."""
+    window_max_s: float = 60.0
+    stabilization_s: float = 15.0
+    lambda_lookback_s: float = 30.0
+    lambda_window_s: float = 5.0
+    envelope_lookback_s: float = 60.0
+    """How far back the observed envelope looks (the router's and Prometheus' look-back)."""
+    interval_s: float = 1.0
+    """How often the live loop calls :func:`decide`."""
+    scale_up_enabled: bool = True
+    scale_down_enabled: bool = True
+    down_respects_up_demand: bool = True
+
+    def __post_init__(self) -> None:
+        window_sizes(self.window_base_s, self.window_max_s)  # validates both
+        for name in (
+            "stabilization_s",
+            "lambda_lookback_s",
+            "lambda_window_s",
+            "envelope_lookback_s",
+            "interval_s",
+        ):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0.0):
+                raise ValueError(f"tuner setting {name} must be > 0 seconds, got {value!r}")
+        if self.lambda_window_s > self.lambda_lookback_s:
+            raise ValueError(
+                f"lambda_window_s ({self.lambda_window_s}) must not exceed "
+                f"lambda_lookback_s ({self.lambda_lookback_s})"
+            )
+
+    @property
+    def windows_s(self) -> tuple[float, ...]:
+        """The envelope window sizes T_s · 2^k up to ``window_max_s``."""
+        return window_sizes(self.window_base_s, self.window_max_s)
+
+    @property
+    def lambda_count(self) -> int:
+        """How many λ windows make a full look-back (6 for 30 s / 5 s)."""
+        return max(1, round(self.lambda_lookback_s / self.lambda_window_s))
+
+
+@dataclass(frozen=True, slots=True)
+class TunerContext:
+    """Everything one tuning decision depends on, frozen (§5)."""
+
+    now_s: float
+    stages: tuple[StageState, ...]
+    planning_envelope: Envelope
+    observed_envelope: Envelope
+    recent_lambdas_rps: tuple[float, ...]
+    """Arrival rates of the recent λ windows (5 s each over the last 30 s), any order."""
+    last_change_s: float
+    """When replicas last changed; deploying the plan counts as a change."""
+
+    def __post_init__(self) -> None:
+        names = [stage.name for stage in self.stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage names must be unique, got {names}")
+        if any(not (math.isfinite(r) and r >= 0.0) for r in self.recent_lambdas_rps):
+            raise ValueError(f"arrival rates must be finite and >= 0: {self.recent_lambdas_rps}")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Set ``stage`` from ``from_replicas`` (desired) to ``to_replicas``, and why."""
+
+    stage: str
+    from_replicas: int
+    to_replicas: int
+    reason: str
+
+    @property
+    def is_scale_up(self) -> bool:
+        """Whether this decision adds replicas."""
+        return self.to_replicas > self.from_replicas
+
+
+@dataclass(frozen=True, slots=True)
+class TunerOutcome:
+    """The decisions of one tick and the (possibly updated) last-change time."""
+
+    decisions: tuple[Decision, ...]
+    last_change_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Exceedance:
+    """A window where the observed envelope exceeds the planning envelope (Alg. 3 l. 5)."""
+
+    window_s: float
+    observed_rps: float
+    planned_rps: float
+
+
+def replicas_for_rate(
+    rate_rps: float, scale_factor: float, throughput_rps: float, ratio: float
+) -> int:
+    """k_m = ceil(rate · s_m / (mu_m · rho)) — Alg. 3 lines 9-10 and Alg. 4 lines 5-6."""
+    return math.ceil(rate_rps * scale_factor / (throughput_rps * ratio))
+
+
+def exceedances(planning: Envelope, observed: Envelope) -> tuple[Exceedance, ...]:
+    """Windows where the observed rate exceeds the planned one (Alg. 3 lines 3-6).
+
+    Windows are matched by size; a window present in only one envelope is skipped. If the
+    two share no window at all, the router and the plan disagree on T_s: that is an error.
+    """
+    found: list[Exceedance] = []
+    matched = 0
+    for window, planned in zip(planning.windows_s, planning.rates_rps, strict=True):
+        observed_rps = observed.rate_at(window)
+        if observed_rps is None:
+            continue
+        matched += 1
+        if observed_rps > planned:
+            found.append(Exceedance(window, observed_rps, planned))
+    if matched == 0 and planning.windows_s and observed.windows_s:
+        raise ValueError(
+            f"observed envelope windows {observed.windows_s} share no size with the planning "
+            f"envelope windows {planning.windows_s}; export the router's envelope with the "
+            "plan's window base T_s (window_sizes(T_s))"
+        )
+    return tuple(found)
+
+
+def _has_traffic(ctx: TunerContext) -> bool:
+    return any(r > 0.0 for r in ctx.observed_envelope.rates_rps) or any(
+        r > 0.0 for r in ctx.recent_lambdas_rps
+    )
+
+
+def _clamp(replicas: int, stage: StageState) -> int:
+    return min(max(replicas, stage.min_replicas), stage.max_replicas)
+
+
+def _up_demand(stage: StageState, r_max: float) -> int:
+    return replicas_for_rate(
+        r_max, stage.scale_factor, stage.throughput_rps, stage.max_provisioning_ratio
+    )
+
+
+def scale_up(ctx: TunerContext, settings: TunerSettings) -> tuple[Decision, ...]:
+    """Algorithm 3 (reactive scale-up), plus bound corrections and wake-up from zero."""
+    over = exceedances(ctx.planning_envelope, ctx.observed_envelope)
+    triggered = settings.scale_up_enabled and bool(over)
+    r_max = max((e.observed_rps for e in over), default=0.0)
+    trigger_text = ""
+    if triggered:
+        worst = max(over, key=lambda e: e.observed_rps)
+        listed = ", ".join(
+            f"{e.window_s:g} s ({e.observed_rps:.6g} > {e.planned_rps:.6g} rps)" for e in over
+        )
+        trigger_text = (
+            f"observed envelope exceeds the plan at window(s) {listed}; "
+            f"r_max={r_max:.6g} rps at window {worst.window_s:g} s; "
+        )
+    wake = _has_traffic(ctx)
+    decisions: list[Decision] = []
+    for stage in ctx.stages:
+        current = stage.desired_replicas
+        why: list[str] = []
+        want = current
+        if triggered:
+            k_m = _up_demand(stage, r_max)
+            if k_m > current:
+                want = k_m
+                why.append(
+                    f"scale up (Alg. 3): {trigger_text}k_m=ceil({r_max:.6g}*"
+                    f"{stage.scale_factor:g}/({stage.throughput_rps:.6g}*"
+                    f"{stage.max_provisioning_ratio:g}))={k_m}"
+                )
+        if current == 0 and want == 0 and wake and stage.scale_factor > 0.0:
+            want = 1
+            why.append("wake up: arrivals observed while the stage has 0 replicas")
+        if current < stage.min_replicas:
+            why.append(f"below min_replicas={stage.min_replicas}")
+        target = _clamp(want, stage)
+        if target > current:
+            if target < want:
+                why.append(f"clamped to max_replicas={stage.max_replicas}")
+            decisions.append(
+                Decision(
+                    stage.name,
+                    current,
+                    target,
+                    f"{'; '.join(why)}; desired {current} (ready {stage.ready_replicas})"
+                    f" -> {target}",
+                )
+            )
+    return tuple(decisions)
+
+
+def scale_down(ctx: TunerContext, settings: TunerSettings) -> tuple[Decision, ...]:
+    """Algorithm 4 (conservative scale-down with rho_min), plus max-bound corrections."""
+    decisions = [
+        Decision(
+            stage.name,
+            stage.desired_replicas,
+            stage.max_replicas,
+            f"above max_replicas={stage.max_replicas}; desired {stage.desired_replicas} "
+            f"(ready {stage.ready_replicas}) -> {stage.max_replicas}",
+        )
+        for stage in ctx.stages
+        if stage.desired_replicas > stage.max_replicas
+    ]
+    if decisions:
+        return tuple(decisions)
+    since_s = ctx.now_s - ctx.last_change_s
+    if (
+        not settings.scale_down_enabled
+        or not ctx.stages
+        or not since_s > settings.stabilization_s
+        or len(ctx.recent_lambdas_rps) < settings.lambda_count
+    ):
+        return ()
+    lambda_new = max(ctx.recent_lambdas_rps)
+    rho_stage = min(ctx.stages, key=lambda s: s.max_provisioning_ratio)
+    rho_min = rho_stage.max_provisioning_ratio
+    over = exceedances(ctx.planning_envelope, ctx.observed_envelope)
+    r_max = max((e.observed_rps for e in over), default=0.0)
+    hold = settings.scale_up_enabled and settings.down_respects_up_demand and bool(over)
+    for stage in ctx.stages:
+        current = stage.desired_replicas
+        k_m = replicas_for_rate(lambda_new, stage.scale_factor, stage.throughput_rps, rho_min)
+        floor = _up_demand(stage, r_max) if hold else 0
+        target = _clamp(max(k_m, floor), stage)
+        if target >= current:
+            continue
+        notes = ""
+        if floor > k_m and target == _clamp(floor, stage):
+            notes += f"; held at Alg. 3 demand {floor} for r_max={r_max:.6g} rps"
+        if target > max(k_m, floor):
+            notes += f"; clamped to min_replicas={stage.min_replicas}"
+        decisions.append(
+            Decision(
+                stage.name,
+                current,
+                target,
+                f"scale down (Alg. 4): {since_s:.6g} s since last change > "
+                f"{settings.stabilization_s:g} s; lambda_new={lambda_new:.6g} rps (max of "
+                f"{len(ctx.recent_lambdas_rps)} windows of {settings.lambda_window_s:g} s); "
+                f"rho_min={rho_min:g} (stage {rho_stage.name!r}); k_m=ceil({lambda_new:.6g}*"
+                f"{stage.scale_factor:g}/({stage.throughput_rps:.6g}*{rho_min:g}))={k_m}"
+                f"{notes}; desired {current} (ready {stage.ready_replicas}) -> {target}",
+            )
+        )
+    return tuple(decisions)
+
+
+def decide(ctx: TunerContext, settings: TunerSettings) -> TunerOutcome:
+    """One tuning tick (§5): Algorithm 3, then Algorithm 4 if nothing scaled up.
+
+    Returns the decisions (at most one per stage) and the last-change time, which is
+    ``ctx.now_s`` if anything changed.
+    """
+    decisions = scale_up(ctx, settings) or scale_down(ctx, settings)
+    return TunerOutcome(decisions, ctx.now_s if decisions else ctx.last_change_s)

@@ -1,0 +1,317 @@
+"""Where the tuner's inputs come from and where its decisions go: the I/O edge (§5).
+
+The pure policy (:mod:`sloline.tuner.policy`) needs an observed traffic envelope, recent
+arrival rates and replica counts. A :class:`MetricSource` supplies the first two —
+:class:`StreamingSource` from the router's in-process :class:`StreamingEnvelope`
+(embedded ``sloline run``, simulator), :class:`PrometheusSource` from the router's gauges
+(Kubernetes). An :class:`Actuator` (a backend: local processes, Deployments) reports and
+sets replica counts. :class:`Tuner` is the thin async loop that joins them: observe,
+build a :class:`TunerContext`, call :func:`decide`, apply, log each decision's reason.
+
+Prometheus series read (exported by the router):
+
+- ``sloline_arrival_envelope_rps{pipeline, window_s}``: gauge, max arrival rate per
+  window size over the router's recent look-back;
+- ``sloline_requests_total{pipeline, code}``: counter of all requests, any outcome;
+- ``sloline_stage_replicas{pipeline, stage, state="desired|ready"}``: gauge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sloline.tuner.envelope import Envelope, StreamingEnvelope
+from sloline.tuner.policy import StageState, TunerContext, TunerOutcome, TunerSettings, decide
+
+__all__ = [
+    "Actuator",
+    "GetJson",
+    "MetricSource",
+    "Observation",
+    "PrometheusError",
+    "PrometheusSource",
+    "StagePlan",
+    "StreamingSource",
+    "Tuner",
+    "urllib_get_json",
+]
+
+_LOG = logging.getLogger(__name__)
+_MATCH_TOL = 1e-4  # window labels may be printed with 6 significant digits
+
+GetJson = Callable[[str, Mapping[str, str]], Mapping[str, Any]]
+"""``get_json(url, params) -> decoded JSON body``: the injectable HTTP GET."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What a metric source saw: the observed envelope, λ series, ready replicas."""
+
+    observed_envelope: Envelope
+    recent_lambdas_rps: tuple[float, ...]
+    """Rates of the recent λ windows (5 s each over the last 30 s), oldest first."""
+    ready_replicas: Mapping[str, int] = field(default_factory=dict)
+    """Ready replicas per stage where the source knows them (the :class:`Tuner` uses the
+    actuator's counts, which do not lag a scrape; this is for status and dashboards)."""
+
+
+class MetricSource(Protocol):
+    """Supplies observations of the live arrival process (§5)."""
+
+    async def observe(self, now_s: float) -> Observation:
+        """Observe at ``now_s`` (the tuner's monotonic clock)."""
+        ...
+
+
+class Actuator(Protocol):
+    """Reads and sets a stage's replica count (a backend: processes or Deployments)."""
+
+    async def scale(self, stage: str, replicas: int) -> None:
+        """Set the desired replica count of ``stage``."""
+        ...
+
+    async def replicas(self, stage: str) -> tuple[int, int]:
+        """``(desired, ready)`` replicas of ``stage``."""
+        ...
+
+
+class StreamingSource:
+    """Observations from an in-process :class:`StreamingEnvelope` (embedded mode).
+
+    Call it on the event loop that feeds the envelope: the envelope is not thread-safe.
+    """
+
+    def __init__(self, envelope: StreamingEnvelope, *, lookback_s: float | None = None) -> None:
+        self._envelope = envelope
+        self._lookback_s = lookback_s
+
+    async def observe(self, now_s: float) -> Observation:
+        """The envelope over the look-back and the completed λ windows at ``now_s``."""
+        return Observation(
+            self._envelope.envelope(now_s, self._lookback_s), self._envelope.lambdas(now_s)
+        )
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus answered with an error or an unexpected body."""
+
+
+def urllib_get_json(url: str, params: Mapping[str, str], timeout_s: float = 5.0) -> Any:
+    """GET ``url?params`` and decode the JSON body (stdlib only; blocking)."""
+    if urllib.parse.urlsplit(url).scheme not in {"http", "https"}:
+        raise ValueError(f"Prometheus URL must be http(s)://..., got {url!r}")
+    query = urllib.parse.urlencode(dict(params))
+    # The scheme is checked above, so urlopen cannot be pointed at file:// and the like.
+    with urllib.request.urlopen(f"{url}?{query}", timeout=timeout_s) as response:  # noqa: S310
+        return json.load(response)
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _duration(seconds: float) -> str:
+    millis = max(1, round(seconds * 1000))
+    return f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
+
+
+class PrometheusSource:
+    """Observations from a Prometheus server's HTTP API (``/api/v1/query``), §5.
+
+    - envelope: ``sum by (window_s) (max_over_time(sloline_arrival_envelope_rps{pipeline}
+      [lookback]))`` — with several router replicas the sum of their envelopes bounds the
+      envelope of the total stream from above (conservative for scale-up);
+    - λ series: ``sum(rate(sloline_requests_total{pipeline}[rate_window]))
+      [lambda_lookback:lambda_window]`` — one value per λ window. ``rate`` needs two
+      samples in ``rate_window``: scrape the router at least every ``rate_window / 2``
+      (1 s scrapes for the 5 s default) or pass a longer ``lambda_rate_window_s``;
+    - ready replicas: ``max by (stage) (sloline_stage_replicas{pipeline, state="ready"})``.
+
+    ``get_json`` is the HTTP client (blocking; run in a worker thread), injectable for
+    tests. A window the router does not export reads as 0 rps; if the router exports
+    windows but none of ``windows_s``, the window bases disagree and ``observe`` raises.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        pipeline: str,
+        *,
+        windows_s: Sequence[float],
+        lookback_s: float = 60.0,
+        lambda_window_s: float = 5.0,
+        lambda_lookback_s: float = 30.0,
+        lambda_rate_window_s: float | None = None,
+        get_json: GetJson = urllib_get_json,
+    ) -> None:
+        self._url = base_url.rstrip("/") + "/api/v1/query"
+        self._windows_s = tuple(float(w) for w in windows_s)
+        self._get_json = get_json
+        selector = f'pipeline="{_label(pipeline)}"'
+        rate_window = lambda_window_s if lambda_rate_window_s is None else lambda_rate_window_s
+        self.envelope_query = (
+            f"sum by (window_s) (max_over_time(sloline_arrival_envelope_rps{{{selector}}}"
+            f"[{_duration(lookback_s)}]))"
+        )
+        self.lambda_query = (
+            f"sum(rate(sloline_requests_total{{{selector}}}[{_duration(rate_window)}]))"
+            f"[{_duration(lambda_lookback_s)}:{_duration(lambda_window_s)}]"
+        )
+        self.ready_query = f'max by (stage) (sloline_stage_replicas{{{selector}, state="ready"}})'
+
+    async def observe(self, now_s: float) -> Observation:
+        """Run the three queries (Prometheus evaluates them at its own current time)."""
+        del now_s  # Prometheus time is wall-clock; the tuner's clock is monotonic
+        envelope, lambdas, ready = await asyncio.gather(
+            asyncio.to_thread(self._query, self.envelope_query),
+            asyncio.to_thread(self._query, self.lambda_query),
+            asyncio.to_thread(self._query, self.ready_query),
+        )
+        return Observation(
+            self._envelope(envelope),
+            self._lambdas(lambdas),
+            {s["metric"].get("stage", ""): int(float(s["value"][1])) for s in ready},
+        )
+
+    def _query(self, promql: str) -> list[dict[str, Any]]:
+        body = self._get_json(self._url, {"query": promql})
+        if body.get("status") != "success":
+            raise PrometheusError(
+                f"Prometheus query failed ({body.get('errorType', 'unknown')}): "
+                f"{body.get('error', body)}; query: {promql}"
+            )
+        try:
+            result: list[dict[str, Any]] = body["data"]["result"]
+        except (KeyError, TypeError) as exc:
+            raise PrometheusError(f"unexpected Prometheus response to {promql}: {body}") from exc
+        return result
+
+    def _envelope(self, series: list[dict[str, Any]]) -> Envelope:
+        rates = [0.0] * len(self._windows_s)
+        exported: list[float] = []
+        for item in series:
+            window = float(item["metric"]["window_s"])
+            exported.append(window)
+            for i, ours in enumerate(self._windows_s):
+                if math.isclose(window, ours, rel_tol=_MATCH_TOL):
+                    rates[i] = _finite(item["value"][1])
+        if exported and not any(
+            math.isclose(w, ours, rel_tol=_MATCH_TOL) for w in exported for ours in self._windows_s
+        ):
+            raise ValueError(
+                f"the router exports envelope windows {sorted(exported)} but the tuner "
+                f"expects {self._windows_s}; both must use the plan's window base T_s"
+            )
+        return Envelope(self._windows_s, tuple(rates))
+
+    @staticmethod
+    def _lambdas(series: list[dict[str, Any]]) -> tuple[float, ...]:
+        if not series:
+            return ()
+        return tuple(_finite(value) for _, value in series[0]["values"])
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    return value if math.isfinite(value) and value > 0.0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """A stage's tuning parameters from the plan (§5 Initialization)."""
+
+    name: str
+    min_replicas: int
+    max_replicas: int
+    scale_factor: float
+    throughput_rps: float
+    max_provisioning_ratio: float
+
+
+class Tuner:
+    """The live loop: every ``settings.interval_s`` observe, :func:`decide`, apply (§5).
+
+    All policy lives in :func:`decide`; this shell owns the only state (the last-change
+    time), the clock and the I/O. The plan's deployment counts as the first change, so
+    nothing scales down in the first ``stabilization_s``.
+    """
+
+    def __init__(
+        self,
+        *,
+        stages: Sequence[StagePlan],
+        planning_envelope: Envelope,
+        source: MetricSource,
+        actuator: Actuator,
+        settings: TunerSettings,
+        clock: Callable[[], float] = time.monotonic,
+        last_change_s: float | None = None,
+        logger: logging.Logger = _LOG,
+    ) -> None:
+        self._stages = tuple(stages)
+        self._planning = planning_envelope
+        self._source = source
+        self._actuator = actuator
+        self._settings = settings
+        self._clock = clock
+        self._log = logger
+        self.last_change_s = clock() if last_change_s is None else last_change_s
+
+    async def step(self) -> TunerOutcome:
+        """One tick: observe, decide, apply the decisions, log their reasons."""
+        now_s = self._clock()
+        observation = await self._source.observe(now_s)
+        states = []
+        for plan in self._stages:
+            desired, ready = await self._actuator.replicas(plan.name)
+            states.append(
+                StageState(
+                    plan.name,
+                    desired,
+                    ready,
+                    plan.min_replicas,
+                    plan.max_replicas,
+                    plan.scale_factor,
+                    plan.throughput_rps,
+                    plan.max_provisioning_ratio,
+                )
+            )
+        context = TunerContext(
+            now_s=now_s,
+            stages=tuple(states),
+            planning_envelope=self._planning,
+            observed_envelope=observation.observed_envelope,
+            recent_lambdas_rps=observation.recent_lambdas_rps,
+            last_change_s=self.last_change_s,
+        )
+        outcome = decide(context, self._settings)
+        for decision in outcome.decisions:
+            self._log.info("tuner: stage %s: %s", decision.stage, decision.reason)
+            await self._actuator.scale(decision.stage, decision.to_replicas)
+        self.last_change_s = outcome.last_change_s
+        return outcome
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick on a fixed cadence until ``stop`` is set; a failed tick is logged, not fatal."""
+        next_s = self._clock()
+        while not stop.is_set():
+            try:
+                await self.step()
+            except Exception:
+                self._log.exception(
+                    "tuner: tick failed; retrying in %g s", self._settings.interval_s
+                )
+            next_s = max(next_s + self._settings.interval_s, self._clock())
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=next_s - self._clock())
+            except TimeoutError:
+                continue
