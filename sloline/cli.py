@@ -14,9 +14,21 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sloline import __version__
-from sloline.spec import DEFAULT_CATALOG, Issue, PipelineError, load_catalog, load_pipeline
+from sloline.spec import (
+    DEFAULT_CATALOG,
+    HardwareCatalog,
+    Issue,
+    LoadedPipeline,
+    PipelineError,
+    load_catalog,
+    load_pipeline,
+)
+
+if TYPE_CHECKING:
+    from sloline.planner.profile import PipelineProfile
 
 EXIT_INVALID = 2
 
@@ -116,6 +128,8 @@ async def _serve(pipeline: object, args: argparse.Namespace) -> int:
               "  Ctrl-C to stop", flush=True)  # fmt: skip
         started = time.monotonic()
         interval = args.status_interval
+        redraw = sys.stdout.isatty()
+        drawn = 0
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
@@ -137,9 +151,73 @@ async def _serve(pipeline: object, args: argparse.Namespace) -> int:
                  for n in router.queues},
                 [f"{n}: {s.last_error}" for n, s in status.items() if s.last_error],
             )  # fmt: skip
+            if redraw and drawn:
+                sys.stdout.write(f"\x1b[{drawn}F\x1b[J")  # redraw the status block in place
             print(text, flush=True)
+            drawn = text.count("\n") + 1
         print("stopping: draining in-flight requests, then workers", flush=True)
     return 0
+
+
+def _catalog(args: argparse.Namespace) -> HardwareCatalog:
+    return load_catalog(args.catalog) if getattr(args, "catalog", None) else DEFAULT_CATALOG
+
+
+def _profile(args: argparse.Namespace, loaded: LoadedPipeline) -> PipelineProfile:
+    from sloline.planner.profiler import ProfilerSettings, profile_pipeline
+
+    settings = ProfilerSettings(
+        hardware=tuple(args.profile_hardware.split(",")) if args.profile_hardware else (),
+        max_batch_cap=args.cap, force=args.force,
+        cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+    )  # fmt: skip
+    if loaded.pipeline.spec.samples is None:
+        print("warning: the pipeline declares no spec.samples; profiling with zero inputs "
+              "(scale factors of conditional stages will be wrong)", file=sys.stderr)  # fmt: skip
+    return profile_pipeline(loaded, _catalog(args), settings,
+                            progress=lambda msg: print(msg, file=sys.stderr, flush=True))  # fmt: skip
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    import json
+
+    loaded = load_pipeline(args.file)
+    profile = _profile(args, loaded)
+    print(f"pipeline {loaded.name!r}: hop overhead {profile.hop_s * 1000:.3f} ms")
+    print(f"{'stage':<16}{'hardware':<12}{'s_m':>6}  batch: p50 ms (p99 ms)")
+    for stage, per_hw in profile.stages.items():
+        for hw, prof in per_hw.items():
+            cells = "  ".join(f"{p.batch_size}: {p.p50_s * 1000:.2f} ({p.p99_s * 1000:.2f})"
+                              for p in prof.points)  # fmt: skip
+            print(f"{stage:<16}{hw:<12}{profile.scale_factors[stage]:>6.2f}  {cells}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(profile.to_dict(), indent=1))
+        print(f"profile written to {args.out}")
+    return 0
+
+
+def cmd_profile_stage(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from sloline.planner.profiler import measure_stage
+
+    if args.cpus:
+        os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])
+    points = measure_stage(Path(args.pipeline), args.stage, Path(args.inputs),
+                           threads=args.threads, cap=args.cap, repeats=args.repeats,
+                           budget_s=args.budget_s)  # fmt: skip
+    Path(args.out).write_text(json.dumps([p.to_dict() for p in points]))
+    return 0
+
+
+def _add_profile_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--catalog", help="hardware catalog YAML (default: built-in CPU classes)")
+    p.add_argument("--profile-hardware", default="",
+                   help="classes to profile, comma-separated (default: the allowed ones)")  # fmt: skip
+    p.add_argument("--cap", type=int, default=32, help="largest batch size profiled")
+    p.add_argument("--force", action="store_true", help="re-profile even when cached")
+    p.add_argument("--cache-dir", help="profile cache (default ~/.cache/sloline/profiles)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,6 +261,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpus", default="", help="CPU affinity, e.g. 0,1")
     p.set_defaults(func=cmd_worker)
 
+    p = sub.add_parser("profile", help="measure each stage on each hardware class (cached)")
+    p.add_argument("file")
+    p.add_argument("--out", help="write the profile as JSON")
+    _add_profile_flags(p)
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("profile-stage", help="time one stage in this process (internal)")
+    for flag in ("--pipeline", "--stage", "--inputs", "--out"):
+        p.add_argument(flag, required=True)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--cpus", default="")
+    p.add_argument("--cap", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--budget-s", type=float, default=2.0)
+    p.set_defaults(func=cmd_profile_stage)
+
     p = sub.add_parser("crd", help="print the PredictionPipeline CRD generated from the spec")
     p.add_argument("--reference", action="store_true", help="print the markdown field reference")
     p.set_defaults(func=cmd_crd)
@@ -195,6 +289,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command in ("run", "worker"):
+        from sloline.serving.memory import tune_malloc
+
+        tune_malloc()
     try:
         return int(args.func(args))
     except PipelineError as exc:

@@ -34,6 +34,26 @@ class InProcessPipeline:
     ) -> list[Arrays]:
         """Answer `requests`, batching each stage's work up to `max_batch[stage]` (default
         all at once). Inputs carry no batch dimension, as the router passes them on."""
+        runs = self._execute(requests, max_batch, None)
+        return [{k: t.array() for k, t in run.output().items()} for run in runs]
+
+    def trace(
+        self, requests: Sequence[Mapping[str, np.ndarray]]
+    ) -> tuple[dict[str, list[Arrays]], np.ndarray]:
+        """Run `requests` and return what each stage received and the visit matrix
+        (bool [request, stage in graph order]): the profiler's view of the samples."""
+        seen: dict[str, list[Arrays]] = {name: [] for name in self.loaded.graph.order}
+        runs = self._execute(requests, None, seen)
+        order = self.loaded.graph.order
+        visits = np.array([[name in run.done for name in order] for run in runs], dtype=bool)
+        return seen, visits.reshape(len(runs), len(order))
+
+    def _execute(
+        self,
+        requests: Sequence[Mapping[str, np.ndarray]],
+        max_batch: Mapping[str, int] | None,
+        seen: dict[str, list[Arrays]] | None,
+    ) -> list[DagRun]:
         graph = self.loaded.graph
         runs = [
             DagRun(graph, {k: Tensor.from_array(np.asarray(v)) for k, v in r.items()})
@@ -49,11 +69,12 @@ class InProcessPipeline:
             size = (max_batch or {}).get(name) or max(len(work), 1)
             for start in range(0, len(work), size):
                 chunk = work[start : start + size]
-                results = self.runners[name].run(
-                    [{k: t.array() for k, t in stage.inputs.items()} for _, stage in chunk]
-                )
+                inputs = [{k: t.array() for k, t in stage.inputs.items()} for _, stage in chunk]
+                if seen is not None:
+                    seen[name].extend(inputs)
+                results = self.runners[name].run(inputs)
                 for (i, _), out in zip(chunk, results, strict=True):
                     values = {k: Tensor.from_array(v) for k, v in out.items()}
                     for nxt in runs[i].complete(name, values):
                         ready[nxt.name].append((i, nxt))
-        return [{k: t.array() for k, t in run.output().items()} for run in runs]
+        return runs

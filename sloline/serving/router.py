@@ -352,6 +352,7 @@ class Router:
         now = self.clock()
         step = queue.worker_done(conn.id, result.batch_id, now)
         self.metrics.service_time(conn.stage, result.service_s)
+        self.stats.stage_service[conn.stage].add(now, result.service_s)
         items = step.completed
         visits = self.stats.stage_latency[conn.stage]
         for item in items:

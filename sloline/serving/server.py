@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -16,11 +16,20 @@ import uvicorn
 from prometheus_client import CollectorRegistry, make_asgi_app
 
 from sloline.serving.grpc_frontdoor import add_inference_service
-from sloline.serving.http import create_http_app
+from sloline.serving.http import bind_socket, create_http_app
 from sloline.serving.proto import worker_pb2_grpc
 from sloline.serving.router import Router, WorkerService
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+class _UvicornServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the embedding process owns SIGINT/SIGTERM
+    and shuts the HTTP server down last, after in-flight requests have drained."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +52,7 @@ class RouterServer:
         self.http_port = 0
         self.grpc_port = 0
         self._grpc: grpc.aio.Server | None = None
-        self._http: uvicorn.Server | None = None
+        self._http: _UvicornServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -59,10 +68,8 @@ class RouterServer:
             raise OSError(f"cannot listen for gRPC on {s.host}:{s.grpc_port} (port in use?)")
         await self._grpc.start()
 
-        sock = socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((s.host, s.http_port))
+            sock = bind_socket(s.host, s.http_port)
         except OSError as exc:
             raise OSError(f"cannot listen for HTTP on {s.host}:{s.http_port}: {exc}") from None
         self.http_port = sock.getsockname()[1]
@@ -70,8 +77,7 @@ class RouterServer:
                               metrics_app=make_asgi_app(self.registry))  # fmt: skip
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=2)  # fmt: skip
-        self._http = uvicorn.Server(config)
-        self._http.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._http = _UvicornServer(config)
         self._tasks = [
             asyncio.create_task(self._http.serve(sockets=[sock])),
             asyncio.create_task(self.router.expire_queued()),

@@ -53,13 +53,15 @@ class Window:
 
 
 class RouterStats:
-    """Recent request latencies and failures, and per-stage visit latency and batch size."""
+    """Recent request latencies and failures; per stage: visit latency (queued to answered),
+    batch size and the worker-measured model time per batch."""
 
     def __init__(self, stages: list[str], size: int = 65536) -> None:
         self.latency = Ring(size)
         self.errors = Ring(size // 4)
         self.stage_latency = {s: Ring(size) for s in stages}
         self.stage_batch = {s: Ring(size // 4) for s in stages}
+        self.stage_service = {s: Ring(size // 4) for s in stages}  # model time per batch
 
     def attainment(self, now: float, span_s: float, slo_s: float) -> float:
         ok = self.latency.since(now - span_s)

@@ -1,0 +1,133 @@
+"""gRPC front door: the Open Inference Protocol v2 `inference.GRPCInferenceService`.
+
+The same thin adapter as the REST door, over the same `DataPlane` and `codec`, for
+`grpc.aio` servers: the stock `tritonclient.grpc` client and KServe clients work against
+it. `InferenceError`s map to gRPC status codes (400 INVALID_ARGUMENT, 404 NOT_FOUND,
+413 RESOURCE_EXHAUSTED, 503 UNAVAILABLE with the retry hint in the message and in the
+trailing metadata `retry-after-ms`, 504 DEADLINE_EXCEEDED, anything else INTERNAL).
+Message-size limits are channel options of the server; use `server_options()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Final, NoReturn
+
+import grpc
+
+import sloline
+from sloline.serving import codec
+from sloline.serving.proto import grpc_service_pb2 as pb
+from sloline.serving.proto import grpc_service_pb2_grpc as pb_grpc
+from sloline.serving.types import DataPlane, InferenceError, ModelNotFound
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+RETRY_AFTER_METADATA: Final = "retry-after-ms"
+
+_CODES: Final = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    """Channel options for `grpc.aio.server(options=...)`: the largest message either way.
+
+    Bigger requests are refused by gRPC itself with RESOURCE_EXHAUSTED before the
+    servicer sees them.
+    """
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+def add_inference_service(server: Any, plane: DataPlane) -> None:
+    """Register the OIP v2 service for `plane` on a `grpc.aio.Server` (before `start()`)."""
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
+
+
+async def _fail(context: Any, exc: Exception, method: str) -> NoReturn:
+    """End the RPC with the status for `exc`; `context.abort` always raises."""
+    if not isinstance(exc, InferenceError):
+        logger.exception("unexpected error in %s", method, exc_info=exc)
+        exc = InferenceError(f"internal server error: {type(exc).__name__}: {exc}")
+    code = _CODES.get(exc.status, grpc.StatusCode.INTERNAL)
+    if exc.retry_after_s is None:
+        await context.abort(code, exc.message)
+    else:
+        retry_ms = max(1, math.ceil(exc.retry_after_s * 1000))
+        await context.abort(
+            code,
+            f"{exc.message} (retry after {retry_ms} ms)",
+            trailing_metadata=((RETRY_AFTER_METADATA, str(retry_ms)),),
+        )
+    raise AssertionError("grpc.aio ServicerContext.abort() returned")
+
+
+def _check_version(plane: DataPlane, name: str, version: str) -> None:
+    versions = plane.model_metadata(name).versions
+    if version and versions and version not in versions:
+        raise ModelNotFound(f"model {name!r} has no version {version!r}; it has {list(versions)}")
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """`inference.GRPCInferenceService` over a `DataPlane`."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self._plane = plane
+
+    async def ServerLive(  # noqa: N802 (gRPC method names; signature fixed by gRPC)
+        self, _request: pb.ServerLiveRequest, _context: Any
+    ) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._plane.live())
+
+    async def ServerReady(  # noqa: N802
+        self, _request: pb.ServerReadyRequest, _context: Any
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._plane.ready())
+
+    async def ServerMetadata(  # noqa: N802
+        self, _request: pb.ServerMetadataRequest, _context: Any
+    ) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(
+            name=codec.SERVER_NAME, version=sloline.__version__, extensions=codec.SERVER_EXTENSIONS
+        )
+
+    async def ModelReady(  # noqa: N802
+        self, request: pb.ModelReadyRequest, context: Any
+    ) -> pb.ModelReadyResponse:
+        try:
+            _check_version(self._plane, request.name, request.version)
+            return pb.ModelReadyResponse(ready=self._plane.model_ready(request.name))
+        except Exception as exc:
+            await _fail(context, exc, "ModelReady")
+
+    async def ModelMetadata(  # noqa: N802
+        self, request: pb.ModelMetadataRequest, context: Any
+    ) -> pb.ModelMetadataResponse:
+        try:
+            _check_version(self._plane, request.name, request.version)
+            return codec.metadata_to_proto(self._plane.model_metadata(request.name))
+        except Exception as exc:
+            await _fail(context, exc, "ModelMetadata")
+
+    async def ModelInfer(  # noqa: N802
+        self, request: pb.ModelInferRequest, context: Any
+    ) -> pb.ModelInferResponse:
+        try:
+            if request.model_version:
+                _check_version(self._plane, request.model_name, request.model_version)
+            infer_request = codec.request_from_proto(request)
+            response = await self._plane.infer(infer_request)
+            return codec.response_to_proto(
+                infer_request, response, model_version=request.model_version
+            )
+        except Exception as exc:
+            await _fail(context, exc, "ModelInfer")

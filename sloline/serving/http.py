@@ -1,0 +1,245 @@
+"""REST front door: the Open Inference Protocol v2 HTTP API over a `DataPlane`.
+
+A thin adapter (KServe's layering): it reads bytes, calls `codec` and the plane, and
+writes bytes. Routes are `/v2/health/{live,ready}`, `/v2`, `/v2/models/{name}[/versions/
+{version}]`, `.../ready`, `POST .../infer`, plus `/metrics` from an injected ASGI app.
+
+Errors: every `InferenceError` becomes its HTTP status with `{"error": "<message>"}` (503
+adds `Retry-After`); anything unexpected is logged and answered with 500, and the server
+keeps serving. A body larger than `max_body_bytes` is refused with 413 from its
+Content-Length before it is read, and while streaming when it has none.
+
+Plain Starlette rather than FastAPI: there is no request model to validate (the codec
+does that faster than pydantic) and no dependency injection to resolve. Routing one POST
+through the ASGI app in-process (benchmarks/frontdoor_overhead.py, "ASGI dispatch", 2
+shared cores; quieter runs) costs 58-67 us with a FastAPI-decorated route, 19-21 us with
+a plain route inside FastAPI, and 10-11 us with Starlette. Starlette's own 404 / 405
+are answered in the same `{"error": ...}` shape.
+
+Serve it from a socket made by `bind_socket` (see there: TCP_NODELAY).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import sloline
+from sloline.serving import codec
+from sloline.serving.types import (
+    DataPlane,
+    InferenceError,
+    InvalidInput,
+    ModelNotFound,
+    PayloadTooLarge,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+JSON = "application/json"
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for `uvicorn.Server.serve(sockets=[...])` (port 0: pick a free one).
+
+    Create it with this, not `socket.socket(AF_INET)`: asyncio turns on TCP_NODELAY only
+    for sockets whose protocol is IPPROTO_TCP, and connections accepted from a socket
+    made with protocol 0 inherit 0. uvicorn writes a response's headers and body
+    separately, so without TCP_NODELAY Nagle holds the body back until the client's
+    delayed ACK, adding ~40 ms to every keep-alive request on Linux.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(doc), status, headers, media_type=JSON)
+
+
+def error_response(exc: InferenceError) -> Response:
+    """`{"error": message}` with the error's status; 503 says when to retry."""
+    headers = None
+    if exc.retry_after_s is not None:
+        # Retry-After takes whole seconds; round up so clients never retry too early.
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+    return _json({"error": exc.message}, exc.status, headers)
+
+
+def _guarded(handler: Handler) -> Handler:
+    async def guarded(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except InferenceError as exc:
+            return error_response(exc)
+        except Exception as exc:
+            logger.exception("unexpected error serving %s %s", request.method, request.url.path)
+            return _json({"error": f"internal server error: {type(exc).__name__}: {exc}"}, 500)
+
+    return guarded
+
+
+async def _read_body(request: Request, max_body_bytes: int) -> list[bytes]:
+    """The body as the chunks uvicorn received (the codec copies tensors out of them)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise InvalidInput(f"Content-Length header {declared!r} is not a byte count")
+        if int(declared) > max_body_bytes:
+            raise PayloadTooLarge(
+                f"request body is {declared} bytes, over the {max_body_bytes}-byte limit; "
+                "send a smaller batch or raise the server's max_body_bytes"
+            )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise PayloadTooLarge(
+                f"request body exceeds the {max_body_bytes}-byte limit; send a smaller "
+                "batch or raise the server's max_body_bytes"
+            )
+        chunks.append(chunk)
+    return chunks
+
+
+def _check_version(plane: DataPlane, name: str, version: str) -> None:
+    versions = plane.model_metadata(name).versions
+    if version and versions and version not in versions:
+        raise ModelNotFound(f"model {name!r} has no version {version!r}; it has {list(versions)}")
+
+
+def create_http_app(
+    plane: DataPlane,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    metrics_app: ASGIApp | None = None,
+) -> Starlette:
+    """The OIP v2 REST app over `plane`, for uvicorn on a socket from `bind_socket`.
+
+    `metrics_app` (e.g. `prometheus_client.make_asgi_app(registry)`) answers `GET /metrics`.
+    """
+
+    async def live(_: Request) -> Response:
+        ok = plane.live()
+        return _json({"live": ok}, 200 if ok else 503)
+
+    async def ready(_: Request) -> Response:
+        ok = plane.ready()
+        return _json({"ready": ok}, 200 if ok else 503)
+
+    async def server_metadata(_: Request) -> Response:
+        return _json(
+            {
+                "name": codec.SERVER_NAME,
+                "version": sloline.__version__,
+                "extensions": codec.SERVER_EXTENSIONS,
+            }
+        )
+
+    async def model_metadata(request: Request) -> Response:
+        name = request.path_params["name"]
+        _check_version(plane, name, request.path_params.get("version", ""))
+        return _json(codec.metadata_to_json(plane.model_metadata(name)))
+
+    async def model_ready(request: Request) -> Response:
+        name = request.path_params["name"]
+        _check_version(plane, name, request.path_params.get("version", ""))
+        ok = plane.model_ready(name)
+        return _json({"name": name, "ready": ok}, 200 if ok else 503)
+
+    async def infer(request: Request) -> Response:
+        name = request.path_params["name"]
+        version = request.path_params.get("version", "")
+        if version:
+            _check_version(plane, name, version)
+        encoding = request.headers.get("content-encoding", "identity")
+        if encoding != "identity":
+            raise InvalidInput(f"Content-Encoding {encoding!r} is not supported; send it plain")
+        body = await _read_body(request, max_body_bytes)
+        infer_request = codec.decode_rest_request(
+            name, body, request.headers.get(codec.HEADER_LENGTH)
+        )
+        response = await plane.infer(infer_request)
+        encoded = codec.encode_rest_response(infer_request, response, model_version=version)
+        if encoded.header_length is None:
+            return Response(encoded.body, media_type=JSON)
+        return _PartsResponse(encoded)
+
+    model = "/v2/models/{name}"
+    versioned = "/v2/models/{name}/versions/{version}"
+    routes = [
+        Route(f"{model}/infer", _guarded(infer), methods=["POST"]),
+        Route(f"{versioned}/infer", _guarded(infer), methods=["POST"]),
+        Route("/v2/health/live", _guarded(live), methods=["GET"]),
+        Route("/v2/health/ready", _guarded(ready), methods=["GET"]),
+        Route("/v2", _guarded(server_metadata), methods=["GET"]),
+        Route(model, _guarded(model_metadata), methods=["GET"]),
+        Route(versioned, _guarded(model_metadata), methods=["GET"]),
+        Route(f"{model}/ready", _guarded(model_ready), methods=["GET"]),
+        Route(f"{versioned}/ready", _guarded(model_ready), methods=["GET"]),
+    ]
+    if metrics_app is not None:
+        routes.append(Route("/metrics", _AsgiEndpoint(metrics_app), methods=["GET"]))
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+
+
+async def _http_exception(_: Request, exc: Exception) -> Response:
+    """Starlette's own 404 (no such route) and 405 (wrong method), as OIP JSON errors."""
+    assert isinstance(exc, HTTPException)
+    return _json({"error": exc.detail}, exc.status_code, dict(exc.headers or {}))
+
+
+class _PartsResponse(Response):
+    """A binary-extension response written part by part: the JSON header, then each
+    tensor, so large outputs are not joined into one more copy before the socket."""
+
+    def __init__(self, encoded: codec.RestBody) -> None:
+        self._parts = encoded.parts
+        super().__init__(
+            headers={
+                "content-length": str(encoded.size),
+                codec.HEADER_LENGTH: str(encoded.header_length),
+            },
+            media_type="application/octet-stream",
+        )
+
+    async def __call__(self, _scope: Scope, _receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        last = len(self._parts) - 1
+        for i, part in enumerate(self._parts):
+            await send({"type": "http.response.body", "body": part, "more_body": i < last})
+
+
+class _AsgiEndpoint:
+    """Serve an ASGI app at one exact path (a Mount would only match `/metrics/...`).
+
+    Starlette treats a plain function endpoint as `f(request)`, and prometheus_client's
+    ASGI app is a plain `f(scope, receive, send)` function, so it is wrapped in an object.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
