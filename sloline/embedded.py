@@ -22,7 +22,10 @@ from sloline.serving.router import Router, RouterSettings
 from sloline.serving.server import RouterServer, ServerSettings
 from sloline.spec import DEFAULT_CATALOG, HardwareCatalog, LoadedPipeline, PipelineError
 from sloline.spec.validate import Issue
+from sloline.planner.plan import Plan
 from sloline.tuner.envelope import StreamingEnvelope, window_sizes
+from sloline.tuner.policy import TunerSettings
+from sloline.tuner.sources import StageTuning, StreamingSource, Tuner
 
 
 # The envelope gauges report the max over this look-back; Prometheus adds its own
@@ -47,6 +50,9 @@ class EmbeddedSettings:
     hardware: Mapping[str, str] = field(default_factory=dict)
     log_dir: Path | None = None
     worker_grace_s: float = 10.0
+    tuner: bool = True  # run the InferLine tuner when a plan is given
+    tuner_interval_s: float = 1.0
+    max_replicas: int = 8  # per stage, unless the spec sets maxReplicas
 
 
 def check_models(loaded: LoadedPipeline) -> None:
@@ -63,9 +69,11 @@ def check_models(loaded: LoadedPipeline) -> None:
         raise PipelineError(issues, f"pipeline {loaded.name!r}")
 
 
-def stage_configs(loaded: LoadedPipeline, settings: EmbeddedSettings) -> dict[str, StageConfig]:
-    """Flags override the spec; without either, one replica, batch 1, the first allowed
-    hardware class (the planner replaces this default when it runs)."""
+def stage_configs(
+    loaded: LoadedPipeline, settings: EmbeddedSettings, plan: Plan | None = None
+) -> dict[str, StageConfig]:
+    """Flags override the spec, which overrides the plan; without any of them: one
+    replica, batch 1, the first allowed hardware class."""
     spec = loaded.pipeline.spec
     allowed = spec.hardware or settings.catalog.names()
     issues = [Issue("spec.hardware", f"class {name!r} is not in the catalog "
@@ -76,14 +84,22 @@ def stage_configs(loaded: LoadedPipeline, settings: EmbeddedSettings) -> dict[st
         issues += [Issue(flag, f"no stage named {name!r}") for name in values
                    if name not in loaded.graph.stages]  # fmt: skip
     configs = {}
+    planned = {s.name: s for s in plan.stages} if plan else {}
     for i, stage in enumerate(spec.stages):
-        hw = settings.hardware.get(stage.name) or stage.hardware or allowed[0]
+        base = planned.get(stage.name)
+        hw = settings.hardware.get(stage.name) or stage.hardware or (
+            base.hardware if base else allowed[0]
+        )
         if hw not in settings.catalog.names():
             issues.append(Issue(f"spec.stages[{i}].hardware", f"unknown hardware class {hw!r}"))
         configs[stage.name] = StageConfig(
             hardware=hw,
-            max_batch=settings.max_batch.get(stage.name) or stage.max_batch or 1,
-            replicas=settings.replicas.get(stage.name, stage.replicas or 1),
+            max_batch=settings.max_batch.get(stage.name)
+            or stage.max_batch
+            or (base.max_batch if base else 1),
+            replicas=settings.replicas.get(
+                stage.name, stage.replicas or (base.replicas if base else 1)
+            ),
         )
     if issues:
         raise PipelineError(issues, f"pipeline {loaded.name!r}")
@@ -99,20 +115,27 @@ class EmbeddedPipeline:
         settings: EmbeddedSettings | None = None,
         *,
         configs: Mapping[str, StageConfig] | None = None,
+        plan: Plan | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.loaded = loaded
         self.settings = settings or EmbeddedSettings()
+        self.plan = plan
         check_models(loaded)
-        self.configs = dict(configs or stage_configs(loaded, self.settings))
+        self.configs = dict(configs or stage_configs(loaded, self.settings, plan))
+        self.tuner: Tuner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stop = asyncio.Event()
         self.registry = registry or CollectorRegistry()
         catalog = self.settings.catalog
         self.backend: LocalBackend | None = None
-        # Envelope windows T_s * 2^k up to 60 s (InferLine §5); T_s defaults to the SLO,
+        # Envelope windows T_s * 2^k up to 60 s (InferLine §5): the plan's, so observed and
+        # planned envelopes compare window by window; without a plan T_s is the SLO,
         # capped at 100 ms so sub-second bursts are always visible.
         slo_s = loaded.pipeline.spec.slo.latency_ms / 1000.0
         clock = time.monotonic
-        self.envelope = StreamingEnvelope(window_sizes(min(0.1, slo_s), 60.0), start_s=clock())
+        windows = plan.envelope.windows_s if plan else window_sizes(min(0.1, slo_s), 60.0)
+        self.envelope = StreamingEnvelope(windows, start_s=clock())
         self.router = Router(
             loaded.graph,
             max_batch={n: c.max_batch for n, c in self.configs.items()},
@@ -146,7 +169,42 @@ class EmbeddedPipeline:
             grace_s=self.settings.worker_grace_s,
         )
         await self.backend.start()
+        if self.plan is not None and self.settings.tuner:
+            self.tuner = self._make_tuner(self.plan, self.backend)
+            self._tasks.append(asyncio.create_task(self.tuner.run(self._stop)))
         return self
+
+    def _make_tuner(self, plan: Plan, backend: LocalBackend) -> Tuner:
+        spec = {s.name: s for s in self.loaded.pipeline.spec.stages}
+        stages = [
+            StageTuning(
+                name=s.name,
+                min_replicas=spec[s.name].min_replicas or 1,
+                max_replicas=spec[s.name].max_replicas or self.settings.max_replicas,
+                scale_factor=s.scale_factor,
+                throughput_rps=s.throughput_rps,
+                max_provisioning_ratio=s.rho,
+            )
+            for s in plan.stages
+            if s.name not in self.settings.replicas and spec[s.name].replicas is None
+        ]
+        router = self.router
+
+        class Actuator:
+            async def scale(self, stage: str, replicas: int) -> None:
+                backend.scale(stage, replicas)
+
+            async def replicas(self, stage: str) -> tuple[int, int]:
+                return backend.desired()[stage], router.replicas()[stage][1]
+
+        settings = TunerSettings(
+            window_base_s=plan.envelope.windows_s[0],
+            window_max_s=plan.envelope.windows_s[-1],
+            interval_s=self.settings.tuner_interval_s,
+        )
+        return Tuner(stages=stages, planning_envelope=plan.envelope,
+                     source=StreamingSource(self.envelope), actuator=Actuator(),
+                     settings=settings)  # fmt: skip
 
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
@@ -168,6 +226,9 @@ class EmbeddedPipeline:
         return self.backend.status() if self.backend else {}
 
     async def shutdown(self, drain_s: float = 5.0) -> None:
+        self._stop.set()
+        for task in self._tasks:
+            await task
         self.router.draining = True
         deadline = time.monotonic() + drain_s
         while self.router.inflight and time.monotonic() < deadline:

@@ -19,6 +19,7 @@ Prometheus series read (exported by the router):
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import math
@@ -30,7 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sloline.tuner.envelope import Envelope, StreamingEnvelope
-from sloline.tuner.policy import StageState, TunerContext, TunerOutcome, TunerSettings, decide
+from sloline.tuner.policy import (
+    Decision,
+    StageState,
+    TunerContext,
+    TunerOutcome,
+    TunerSettings,
+    decide,
+)
 
 __all__ = [
     "Actuator",
@@ -39,7 +47,7 @@ __all__ = [
     "Observation",
     "PrometheusError",
     "PrometheusSource",
-    "StagePlan",
+    "StageTuning",
     "StreamingSource",
     "Tuner",
     "urllib_get_json",
@@ -226,7 +234,7 @@ def _finite(text: str) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class StagePlan:
+class StageTuning:
     """A stage's tuning parameters from the plan (§5 Initialization)."""
 
     name: str
@@ -248,7 +256,7 @@ class Tuner:
     def __init__(
         self,
         *,
-        stages: Sequence[StagePlan],
+        stages: Sequence[StageTuning],
         planning_envelope: Envelope,
         source: MetricSource,
         actuator: Actuator,
@@ -265,6 +273,7 @@ class Tuner:
         self._clock = clock
         self._log = logger
         self.last_change_s = clock() if last_change_s is None else last_change_s
+        self.history: collections.deque[tuple[float, Decision]] = collections.deque(maxlen=50)
 
     async def step(self) -> TunerOutcome:
         """One tick: observe, decide, apply the decisions, log their reasons."""
@@ -296,6 +305,7 @@ class Tuner:
         outcome = decide(context, self._settings)
         for decision in outcome.decisions:
             self._log.info("tuner: stage %s: %s", decision.stage, decision.reason)
+            self.history.append((now_s, decision))
             await self._actuator.scale(decision.stage, decision.to_replicas)
         self.last_change_s = outcome.last_change_s
         return outcome

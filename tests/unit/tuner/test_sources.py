@@ -19,7 +19,7 @@ from sloline.tuner.sources import (
     Observation,
     PrometheusError,
     PrometheusSource,
-    StagePlan,
+    StageTuning,
     StreamingSource,
     Tuner,
     urllib_get_json,
@@ -175,7 +175,7 @@ async def test_tuner_scales_up_on_burst_then_down_after_stabilisation(
     envelope = StreamingEnvelope(WINDOWS, start_s=0.0)
     actuator = FakeActuator({"a": 2})
     tuner = Tuner(
-        stages=[StagePlan("a", 1, 50, 1.0, 10.0, 0.5)],
+        stages=[StageTuning("a", 1, 50, 1.0, 10.0, 0.5)],
         planning_envelope=Envelope(WINDOWS, (40.0,) * len(WINDOWS)),
         source=StreamingSource(envelope),
         actuator=actuator,
@@ -219,7 +219,7 @@ async def test_tuner_run_ticks_until_stopped_and_survives_failures(
             return Observation(Envelope(WINDOWS, (0.0,) * len(WINDOWS)), ())
 
     tuner = Tuner(
-        stages=[StagePlan("a", 1, 2, 1.0, 1.0, 1.0)],
+        stages=[StageTuning("a", 1, 2, 1.0, 1.0, 1.0)],
         planning_envelope=Envelope(WINDOWS, (1.0,) * len(WINDOWS)),
         source=FlakySource(),
         actuator=FakeActuator({"a": 1}),
