@@ -15,6 +15,11 @@ and a simulator with simulated time call the very same function.
   since the last change: λ_new is the max rate of the 5 s windows of the last 30 s and
   every stage keeps k_m = ceil(λ_new · s_m / (mu_m · rho_min)) replicas, with rho_min the
   smallest rho_m of the pipeline.
+- A stage the planner left at its replica floor (a cheap parser at 1 replica) has a tiny
+  rho_m that expresses no chosen slack; taken literally it makes Alg. 3 scale that stage
+  in proportion to the rate and Alg. 4's rho_min ~ 0 blocks every scale-down. Such a
+  stage gets an effective rho (:func:`effective_rhos`): the smallest rho among stages
+  with planned slack, or the pipeline's largest rho when every stage is at its floor.
 
 Choices where §5 is silent or loose (also in docs/tuner.md):
 
@@ -36,6 +41,7 @@ Choices where §5 is silent or loose (also in docs/tuner.md):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sloline.tuner.envelope import Envelope, window_sizes
@@ -283,6 +289,15 @@ def scale_up(ctx: TunerContext, settings: TunerSettings) -> tuple[Decision, ...]
                 )
             )
     return tuple(decisions)
+
+
+def effective_rhos(rhos: Sequence[float], at_floor: Sequence[bool]) -> list[float]:
+    """rho_m for the tuner: a stage planned at its replica floor gets the smallest rho of
+    the stages whose slack the planner chose (or the largest rho when all are at their
+    floor) if that is larger than its own; see the module docstring."""
+    chosen = [r for r, floor in zip(rhos, at_floor, strict=True) if not floor]
+    reference = min(chosen) if chosen else max(rhos)
+    return [max(r, reference) if floor else r for r, floor in zip(rhos, at_floor, strict=True)]
 
 
 def scale_down(ctx: TunerContext, settings: TunerSettings) -> tuple[Decision, ...]:

@@ -280,3 +280,14 @@ def test_decisions_always_respect_bounds(ctx: TunerContext) -> None:
     assert outcome.last_change_s == (ctx.now_s if outcome.decisions else ctx.last_change_s)
     if not outcome.decisions:  # then every stage is within its bounds
         assert all(s.min_replicas <= s.desired_replicas <= s.max_replicas for s in ctx.stages)
+
+
+def test_effective_rhos_lift_stages_at_their_floor() -> None:
+    from sloline.tuner.policy import effective_rhos
+
+    # parse at its floor with rho ~0 takes the smallest chosen slack (0.5), not 0.0003.
+    assert effective_rhos([0.0003, 0.6, 0.5], [True, False, False]) == [0.5, 0.6, 0.5]
+    # every stage at its floor: the busiest stage's rho applies to the idle ones.
+    assert effective_rhos([0.0003, 0.59], [True, True]) == [0.59, 0.59]
+    # a floor stage already busier than the reference keeps its own rho.
+    assert effective_rhos([0.9, 0.5], [True, False]) == [0.9, 0.5]

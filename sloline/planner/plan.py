@@ -1,0 +1,230 @@
+"""A plan as data: per-stage configuration plus what the tuner needs (InferLine §4.3, §5).
+
+The planner's output is stored in the pipeline resource's status, printed by
+``sloline plan`` and read by the tuner, so it is plain data: frozen dataclasses that
+round-trip losslessly through JSON/YAML-friendly dicts (camelCase keys, Kubernetes style).
+
+Tuner quantities, defined so that Algorithms 3 and 4 come out right:
+
+- ``throughput_rps`` is μ_m, the throughput of a *single replica* running full batches of
+  ``max_batch``: max_batch / latency(max_batch) (§5, "single replica throughput μ_m");
+- ``rho`` is the max-provisioning ratio rho_m = λ·s_m / (replicas·μ_m): the load the stage
+  receives over the maximum throughput of the stage *in its current configuration*
+  (all replicas). Algorithm 3's k_m = ceil(r_max·s_m / (μ_m·rho_m)) then equals
+  ceil(replicas · r_max / λ): the planned replicas scaled by the rate increase;
+- ``envelope`` is the planning trace's traffic envelope: max rate per window size, windows
+  from the system service time T_s doubling up to 60 s (or the trace's span if shorter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sloline.planner.config import Config, StageConfig
+from sloline.tuner.envelope import Envelope
+
+__all__ = ["Baseline", "Plan", "StagePlan"]
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """One stage's planned configuration and its tuner parameters."""
+
+    name: str
+    hardware: str
+    max_batch: int
+    replicas: int
+    cost_per_hour: float  # replicas x hardware price
+    throughput_rps: float  # μ_m: one replica, full batches of max_batch
+    rho: float  # rho_m = λ·s_m / (replicas·μ_m)
+    scale_factor: float  # s_m
+    service_s: float  # profiled latency of a batch of max_batch
+    mean_batch: float  # estimated on the planning trace
+    utilisation: float  # estimated busy fraction of the replicas
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "hardware": self.hardware,
+            "maxBatch": self.max_batch,
+            "replicas": self.replicas,
+            "costPerHour": self.cost_per_hour,
+            "throughputRps": self.throughput_rps,
+            "rho": self.rho,
+            "scaleFactor": self.scale_factor,
+            "serviceSeconds": self.service_s,
+            "meanBatch": self.mean_batch,
+            "utilisation": self.utilisation,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StagePlan:
+        return cls(
+            name=str(data["name"]),
+            hardware=str(data["hardware"]),
+            max_batch=int(data["maxBatch"]),
+            replicas=int(data["replicas"]),
+            cost_per_hour=float(data["costPerHour"]),
+            throughput_rps=float(data["throughputRps"]),
+            rho=float(data["rho"]),
+            scale_factor=float(data["scaleFactor"]),
+            service_s=float(data["serviceSeconds"]),
+            mean_batch=float(data["meanBatch"]),
+            utilisation=float(data["utilisation"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """A coarse-grained baseline (§6): the whole pipeline replicated ``units`` times as one
+    unit, every stage on ``hardware`` with ``max_batch``, provisioned for ``rate_rps``."""
+
+    name: str  # "cg-mean" or "cg-peak"
+    hardware: str
+    max_batch: int
+    units: int
+    rate_rps: float
+    cost_per_hour: float
+    tail_s: float  # estimated latency at the SLO percentile on the planning trace
+    attainment: float  # estimated fraction of queries within the SLO
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "hardware": self.hardware,
+            "maxBatch": self.max_batch,
+            "units": self.units,
+            "rateRps": self.rate_rps,
+            "costPerHour": self.cost_per_hour,
+            "tailSeconds": self.tail_s,
+            "attainment": self.attainment,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Baseline:
+        return cls(
+            name=str(data["name"]),
+            hardware=str(data["hardware"]),
+            max_batch=int(data["maxBatch"]),
+            units=int(data["units"]),
+            rate_rps=float(data["rateRps"]),
+            cost_per_hour=float(data["costPerHour"]),
+            tail_s=float(data["tailSeconds"]),
+            attainment=float(data["attainment"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The planner's decision for a pipeline, with its estimated performance."""
+
+    pipeline: str
+    stages: tuple[StagePlan, ...]
+    slo_s: float
+    percentile: float  # the SLO percentile (99 for a P99 SLO)
+    cost_per_hour: float
+    p50_s: float  # estimated on the planning trace
+    p99_s: float
+    tail_s: float  # estimated latency at the SLO percentile (<= slo_s)
+    attainment: float  # estimated fraction of queries within the SLO
+    rate_rps: float  # λ, mean arrival rate of the planning trace
+    envelope: Envelope  # of the planning trace
+    baselines: tuple[Baseline, ...] = ()
+
+    @property
+    def config(self) -> Config:
+        """The per-stage configuration, in stage order."""
+        return tuple(StageConfig(s.hardware, s.max_batch, s.replicas) for s in self.stages)
+
+    def stage(self, name: str) -> StagePlan:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(f"no stage {name!r} in the plan ({[s.name for s in self.stages]})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pipeline": self.pipeline,
+            "stages": [s.to_dict() for s in self.stages],
+            "sloSeconds": self.slo_s,
+            "percentile": self.percentile,
+            "costPerHour": self.cost_per_hour,
+            "p50Seconds": self.p50_s,
+            "p99Seconds": self.p99_s,
+            "tailSeconds": self.tail_s,
+            "attainment": self.attainment,
+            "rateRps": self.rate_rps,
+            "envelope": {
+                "windowsSeconds": list(self.envelope.windows_s),
+                "ratesRps": list(self.envelope.rates_rps),
+            },
+            "baselines": [b.to_dict() for b in self.baselines],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        envelope = data["envelope"]
+        return cls(
+            pipeline=str(data["pipeline"]),
+            stages=tuple(StagePlan.from_dict(s) for s in data["stages"]),
+            slo_s=float(data["sloSeconds"]),
+            percentile=float(data["percentile"]),
+            cost_per_hour=float(data["costPerHour"]),
+            p50_s=float(data["p50Seconds"]),
+            p99_s=float(data["p99Seconds"]),
+            tail_s=float(data["tailSeconds"]),
+            attainment=float(data["attainment"]),
+            rate_rps=float(data["rateRps"]),
+            envelope=Envelope(
+                tuple(float(w) for w in envelope["windowsSeconds"]),
+                tuple(float(r) for r in envelope["ratesRps"]),
+            ),
+            baselines=tuple(Baseline.from_dict(b) for b in data.get("baselines", ())),
+        )
+
+    def to_table(self) -> str:
+        """A compact text rendering for the CLI, with the CG baselines' cost beside."""
+        p = f"P{self.percentile:g}"
+        header = ("stage", "hardware", "batch", "replicas", "$/hour", "mu rps", "rho", "s_m")
+        rows: list[tuple[str, ...]] = [(*header, "util")]
+        rows.extend(
+            (
+                s.name,
+                s.hardware,
+                str(s.max_batch),
+                str(s.replicas),
+                f"{s.cost_per_hour:.3f}",
+                f"{s.throughput_rps:.1f}",
+                f"{s.rho:.2f}",
+                f"{s.scale_factor:.2f}",
+                f"{s.utilisation:.2f}",
+            )
+            for s in self.stages
+        )
+        replicas = str(sum(s.replicas for s in self.stages))
+        rows.append(("total", "", "", replicas, f"{self.cost_per_hour:.3f}", "", "", "", ""))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines = [
+            f"plan for {self.pipeline}: {p} SLO {self.slo_s * 1e3:.1f} ms at "
+            f"{self.rate_rps:.1f} rps (planning trace)"
+        ]
+        for row in rows:
+            cells = [
+                cell.ljust(width) if i < 2 else cell.rjust(width)
+                for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+            ]
+            lines.append("  ".join(cells).rstrip())
+        lines.append(
+            f"estimated: P50 {self.p50_s * 1e3:.1f} ms, P99 {self.p99_s * 1e3:.1f} ms, "
+            f"{self.attainment:.2%} of queries within the SLO"
+        )
+        for b in self.baselines:
+            ratio = f" ({b.cost_per_hour / self.cost_per_hour:.1f}x)" if self.cost_per_hour else ""
+            lines.append(
+                f"{b.name}: ${b.cost_per_hour:.3f}/hour{ratio}, {b.units} x whole pipeline on "
+                f"{b.hardware}, batch {b.max_batch}, for {b.rate_rps:.1f} rps; estimated {p} "
+                f"{b.tail_s * 1e3:.1f} ms, {b.attainment:.2%} within the SLO"
+            )
+        return "\n".join(lines)

@@ -1,0 +1,452 @@
+"""The Planner: InferLine's greedy, estimator-checked cost minimisation (§4.3).
+
+:func:`initialize` is Algorithm 1: every stage at batch size 1 on its lowest-latency
+hardware; infeasible when even the pure service time (no queueing) misses the SLO; else add
+a replica to the throughput bottleneck until the Estimator says the SLO holds.
+
+:func:`minimize_cost` is Algorithm 2: from that configuration, repeatedly take the single
+feasible action that lowers the cost the most — IncreaseBatch (x2), RemoveReplica or
+DowngradeHW — until no action is feasible. Equal costs go to the lower estimated tail
+latency, then to the earlier stage and action, so the search is deterministic.
+
+At termination the two guarantees of §4.3 hold: (1) if some configuration in the search
+space meets the SLO, a valid one is returned (Algorithm 1 reaches the no-queueing
+configuration); (2) no single action lowers the cost without violating the SLO.
+
+:func:`plan` runs both, prices the CG baselines beside, and packages a :class:`Plan`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+
+from sloline.planner.baselines import cg_baselines
+from sloline.planner.config import Config, StageConfig
+from sloline.planner.estimator import no_queue_latencies
+from sloline.planner.evaluator import Evaluation, Evaluator
+from sloline.planner.plan import Plan, StagePlan
+from sloline.planner.problem import PlanningProblem
+from sloline.planner.trace import mean_rate_rps
+from sloline.tuner.envelope import Envelope, window_sizes
+
+__all__ = [
+    "Action",
+    "InfeasibleError",
+    "Variant",
+    "actions",
+    "describe",
+    "initialize",
+    "minimize_cost",
+    "plan",
+    "plan_sweep",
+]
+
+ActionKind = Literal["increase-batch", "remove-replica", "downgrade-hardware"]
+Variant = Literal["inferline", "sloline"]
+_ACTION_RANK: dict[ActionKind, int] = {
+    "increase-batch": 0,
+    "remove-replica": 1,
+    "downgrade-hardware": 2,
+}
+
+
+class InfeasibleError(ValueError):
+    """No configuration meets the SLO; ``reason`` is a CamelCase code for status
+    conditions, the message says why and what to change."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One feasible modification of a configuration (Algorithm 2, line 10)."""
+
+    kind: ActionKind
+    stage: int
+    config: Config
+    evaluation: Evaluation
+
+
+def _with(config: Config, m: int, stage: StageConfig) -> Config:
+    return (*config[:m], stage, *config[m + 1 :])
+
+
+def _best_hardware(problem: PlanningProblem, name: str) -> str:
+    """Lowest batch-1 latency, then cheaper, then by name (Algorithm 1, line 5)."""
+    return min(
+        problem.usable_hardware(name),
+        key=lambda hw: (problem.single_latency_s(name, hw), problem.hardware_costs[hw], hw),
+    )
+
+
+def _check_service_time(problem: PlanningProblem, evaluator: Evaluator, config: Config) -> None:
+    """Algorithm 1, lines 6-7: even without queueing, is the SLO out of reach?
+
+    Per query, the critical path of batch-1 service plus hop on the fastest hardware, over
+    the stages the query visits; with every stage visited this is the paper's longest-path
+    service time."""
+    topology = problem.topology
+    occupancy = [
+        problem.single_latency_s(name, c.hardware) + problem.profile.hop_s
+        for name, c in zip(topology.stages, config, strict=True)
+    ]
+    latencies = no_queue_latencies(topology, evaluator.workload, occupancy)
+    floor = float(np.percentile(latencies, problem.percentile, method="inverted_cdf"))
+    if floor > problem.slo_s:
+        total, path = topology.longest_path(occupancy)
+        steps = " -> ".join(
+            f"{n} ({config[topology.index(n)].hardware}, "
+            f"{occupancy[topology.index(n)] * 1e3:.1f} ms)"
+            for n in path
+        )
+        raise InfeasibleError(
+            "ServiceTimeExceedsSLO",
+            f"even with no queueing, batch size 1 and the fastest hardware, the "
+            f"P{problem.percentile:g} latency is {floor * 1e3:.1f} ms > SLO "
+            f"{problem.slo_s * 1e3:.1f} ms (longest path {total * 1e3:.1f} ms: {steps}, "
+            f"each including {problem.profile.hop_s * 1e3:.2f} ms hop overhead); relax the "
+            "SLO, allow faster hardware or speed up these stages",
+        )
+
+
+def _bottleneck(
+    problem: PlanningProblem, config: Config, frozen: frozenset[int] = frozenset()
+) -> int | None:
+    """FindMinThru (Algorithm 1, line 10): the stage with the least throughput per unit of
+    load it receives, among stages that can still grow and are not ``frozen``."""
+    best: tuple[float, int] | None = None
+    for m, (name, c) in enumerate(zip(problem.topology.stages, config, strict=True)):
+        s_m = problem.profile.scale_factors[name]
+        if s_m <= 0.0 or m in frozen or not _can_grow(problem, m, c):
+            continue
+        capacity = c.replicas * problem.stage_profile(name, c.hardware).throughput_rps(c.max_batch)
+        key = (capacity / s_m, m)
+        if best is None or key < best:
+            best = key
+    return None if best is None else best[1]
+
+
+def _can_grow(problem: PlanningProblem, m: int, c: StageConfig) -> bool:
+    name = problem.topology.stages[m]
+    return c.replicas < problem.replica_bounds(name)[1] or c.max_batch < max(
+        problem.batch_options(name, c.hardware)
+    )
+
+
+def _grow(problem: PlanningProblem, m: int, c: StageConfig) -> StageConfig:
+    """Add a replica; at the replica bound, double the batch instead (our extension: it
+    keeps guarantee (1) when a replica bound, absent from the paper, binds)."""
+    name = problem.topology.stages[m]
+    if c.replicas < problem.replica_bounds(name)[1]:
+        return replace(c, replicas=c.replicas + 1)
+    return replace(c, max_batch=min(2 * c.max_batch, max(problem.batch_options(name, c.hardware))))
+
+
+def initialize(problem: PlanningProblem, evaluator: Evaluator) -> Config:
+    """Algorithm 1: a feasible, latency-minimising starting configuration, or raise
+    :class:`InfeasibleError`."""
+    config = tuple(
+        StageConfig(
+            hardware=_best_hardware(problem, name),
+            max_batch=problem.override(name).max_batch or 1,
+            replicas=problem.replica_bounds(name)[0],
+        )
+        for name in problem.topology.stages
+    )
+    _check_service_time(problem, evaluator, config)
+    feasible = _grow_until_feasible(problem, evaluator, config)
+    if feasible is None:
+        raise InfeasibleError(
+            "ReplicaLimit",
+            f"with every stage at its replica bound and batch cap the estimated "
+            f"P{problem.percentile:g} latency still exceeds the SLO "
+            f"({problem.slo_s * 1e3:.1f} ms); raise maxReplicas or relax the SLO",
+        )
+    return feasible
+
+
+def _grow_until_feasible(
+    problem: PlanningProblem,
+    evaluator: Evaluator,
+    config: Config,
+    below_cost: float = math.inf,
+    frozen: frozenset[int] = frozenset(),
+) -> Config | None:
+    """Algorithm 1, lines 9-11: grow the throughput bottleneck until the SLO holds; None
+    when nothing can grow any more or the cost reaches ``below_cost``."""
+    while not evaluator.feasible(config):
+        m = _bottleneck(problem, config, frozen)
+        if m is None:
+            return None
+        config = _with(config, m, _grow(problem, m, config[m]))
+        if problem.cost_per_hour(config) >= below_cost:
+            return None
+    return config
+
+
+def _next_cheaper(problem: PlanningProblem, name: str, hardware: str) -> str | None:
+    price = problem.hardware_costs[hardware]
+    cheaper = [hw for hw in problem.usable_hardware(name) if problem.hardware_costs[hw] < price]
+    if not cheaper:
+        return None
+    return min(
+        cheaper,
+        key=lambda hw: (-problem.hardware_costs[hw], problem.single_latency_s(name, hw), hw),
+    )
+
+
+def _downgrade(
+    problem: PlanningProblem,
+    evaluator: Evaluator,
+    config: Config,
+    m: int,
+    hardware: str,
+    variant: Variant,
+) -> tuple[Config, Evaluation] | None:
+    """DowngradeHW (§4.3): stage m moves to ``hardware``; the cheapest feasible result
+    that costs less than ``config``, or None.
+
+    The localised search freezes the other stages and tries every batch size with, per
+    batch, the fewest feasible replicas, found by bisection below the break-even count
+    (feasibility is monotone in replicas). The ``"sloline"`` variant also tries a repair:
+    stage m re-initialised at batch 1, then Algorithm 1's bottleneck growth over *all*
+    stages (their hardware and batch frozen) — a downgrade that needs one more replica
+    elsewhere is then one action rather than a dead end."""
+    candidates = [_downgrade_local(problem, evaluator, config, m, hardware)]
+    if variant == "sloline":
+        name = problem.topology.stages[m]
+        start = _with(
+            config,
+            m,
+            StageConfig(
+                hardware, problem.override(name).max_batch or 1, problem.replica_bounds(name)[0]
+            ),
+        )
+        repaired = _grow_until_feasible(
+            problem, evaluator, start, below_cost=problem.cost_per_hour(config)
+        )
+        if repaired is not None:
+            candidates.append((repaired, evaluator.evaluate(repaired)))
+    found = [c for c in candidates if c is not None]
+    if not found:
+        return None
+    return min(found, key=lambda c: (c[1].cost_per_hour, c[1].tail_s))
+
+
+def _downgrade_local(
+    problem: PlanningProblem, evaluator: Evaluator, config: Config, m: int, hardware: str
+) -> tuple[Config, Evaluation] | None:
+    name = problem.topology.stages[m]
+    budget = config[m].replicas * problem.hardware_costs[config[m].hardware]
+    unit = problem.hardware_costs[hardware]
+    lo, hi = problem.replica_bounds(name)
+    if unit > 0.0:
+        hi = min(hi, math.ceil(budget / unit) + 1)
+        while hi >= lo and round(hi * unit, 9) >= round(budget, 9):
+            hi -= 1
+    best: tuple[tuple[float, float, int], Config, Evaluation] | None = None
+    for batch in problem.batch_options(name, hardware):
+
+        def at(r: int, batch: int = batch) -> Config:
+            return _with(config, m, StageConfig(hardware, batch, r))
+
+        if hi < lo or not evaluator.feasible(at(hi)):
+            continue
+        low, high = lo, hi
+        while low < high:
+            mid = (low + high) // 2
+            if evaluator.feasible(at(mid)):
+                high = mid
+            else:
+                low = mid + 1
+        verdict = evaluator.evaluate(at(high))
+        key = (verdict.cost_per_hour, verdict.tail_s, batch)
+        if best is None or key < best[0]:
+            best = (key, at(high), verdict)
+    return None if best is None else (best[1], best[2])
+
+
+def _remove_replica(
+    problem: PlanningProblem, evaluator: Evaluator, config: Config, m: int, variant: Variant
+) -> tuple[Config, Evaluation] | None:
+    """RemoveReplica on stage m. ``"inferline"``: one replica fewer, nothing else.
+    ``"sloline"``: one replica fewer at the smallest batch size that keeps the SLO; if none
+    does, a repair from the lowest-latency batch: Algorithm 1's bottleneck growth over the
+    *other* stages, kept only if the result is still cheaper (e.g. a GPU replica traded for
+    two CPU replicas that absorb the extra queueing)."""
+    c = config[m]
+    name = problem.topology.stages[m]
+    batches = problem.batch_options(name, c.hardware) if variant == "sloline" else (c.max_batch,)
+    tried = [
+        (new, evaluator.evaluate(new))
+        for batch in batches
+        for new in [_with(config, m, StageConfig(c.hardware, batch, c.replicas - 1))]
+    ]
+    feasible = [t for t in tried if t[1].feasible]
+    if feasible:
+        return min(feasible, key=lambda t: t[0][m].max_batch)
+    if variant == "inferline":
+        return None
+    start, _ = min(tried, key=lambda t: (t[1].tail_s, t[0][m].max_batch))
+    repaired = _grow_until_feasible(
+        problem, evaluator, start, problem.cost_per_hour(config), frozen=frozenset({m})
+    )
+    return None if repaired is None else (repaired, evaluator.evaluate(repaired))
+
+
+def actions(
+    problem: PlanningProblem,
+    evaluator: Evaluator,
+    config: Config,
+    variant: Variant = "sloline",
+) -> list[Action]:
+    """Every feasible single action on ``config`` (Algorithm 2, lines 8-13); see
+    :func:`_remove_replica` and :func:`_downgrade` for how the variants differ."""
+    found: list[Action] = []
+    for m, name in enumerate(problem.topology.stages):
+        c = config[m]
+        cap = max(problem.batch_options(name, c.hardware))
+        if problem.override(name).max_batch is None and c.max_batch < cap:
+            new = _with(config, m, replace(c, max_batch=min(2 * c.max_batch, cap)))
+            verdict = evaluator.evaluate(new)
+            if verdict.feasible:
+                found.append(Action("increase-batch", m, new, verdict))
+        if c.replicas > problem.replica_bounds(name)[0]:
+            removed = _remove_replica(problem, evaluator, config, m, variant)
+            if removed is not None:
+                found.append(Action("remove-replica", m, *removed))
+        cheaper = _next_cheaper(problem, name, c.hardware)
+        if cheaper is not None:
+            result = _downgrade(problem, evaluator, config, m, cheaper, variant)
+            if result is not None:
+                found.append(Action("downgrade-hardware", m, *result))
+    return found
+
+
+def minimize_cost(
+    problem: PlanningProblem, evaluator: Evaluator, config: Config, variant: Variant = "sloline"
+) -> Config:
+    """Algorithm 2 from a feasible ``config``: the most cost-reducing feasible action per
+    iteration (IncreaseBatch counts as a zero reduction) until none is feasible."""
+    while True:
+        options = actions(problem, evaluator, config, variant)
+        if not options:
+            return config
+        best = min(
+            options,
+            key=lambda a: (
+                a.evaluation.cost_per_hour,
+                a.evaluation.tail_s,
+                a.stage,
+                _ACTION_RANK[a.kind],
+            ),
+        )
+        config = best.config
+
+
+def describe(problem: PlanningProblem, evaluator: Evaluator, config: Config) -> Plan:
+    """Package a configuration as a :class:`Plan` with everything the tuner needs (§5)."""
+    topology, profile = problem.topology, problem.profile
+    verdict = evaluator.evaluate(config)
+    result = evaluator.estimate(config)
+    rate = mean_rate_rps(problem.arrivals_s)
+    stages: list[StagePlan] = []
+    occupancy: list[float] = []
+    for name, c, stats in zip(topology.stages, config, result.stages, strict=True):
+        stage = problem.stage_profile(name, c.hardware)
+        latency = stage.latency_s(c.max_batch)
+        mu = c.max_batch / latency
+        s_m = profile.scale_factors[name]
+        occupancy.append(latency + profile.hop_s)
+        stages.append(
+            StagePlan(
+                name=name,
+                hardware=c.hardware,
+                max_batch=c.max_batch,
+                replicas=c.replicas,
+                cost_per_hour=round(c.replicas * problem.hardware_costs[c.hardware], 9),
+                throughput_rps=mu,
+                rho=rate * s_m / (c.replicas * mu),
+                scale_factor=s_m,
+                service_s=latency,
+                mean_batch=stats.mean_batch,
+                utilisation=stats.utilisation,
+            )
+        )
+    service_s, _ = topology.longest_path(occupancy)
+    span = float(problem.arrivals_s[-1] - problem.arrivals_s[0])
+    # Windows from the service time T_s doubling up to 60 s (§5), but no longer than the
+    # trace: a window wider than the trace would under-state its rate.
+    base = min(service_s, 60.0)
+    windows = window_sizes(base, max(base, min(60.0, span)))
+    return Plan(
+        pipeline=problem.name,
+        stages=tuple(stages),
+        slo_s=problem.slo_s,
+        percentile=problem.percentile,
+        cost_per_hour=verdict.cost_per_hour,
+        p50_s=verdict.p50_s,
+        p99_s=verdict.p99_s,
+        tail_s=verdict.tail_s,
+        attainment=verdict.attainment,
+        rate_rps=rate,
+        envelope=Envelope.of_trace(problem.arrivals_s, windows),
+        baselines=cg_baselines(problem, evaluator),
+    )
+
+
+def plan(
+    problem: PlanningProblem,
+    evaluator: Evaluator | None = None,
+    *,
+    variant: Variant = "sloline",
+    warm_start: Config | None = None,
+) -> Plan:
+    """Plan a pipeline: Algorithm 1, then Algorithm 2, then the CG baselines for contrast.
+
+    ``warm_start``, a configuration known to be feasible (the deployed plan when
+    re-planning, or a plan for a tighter SLO), is descended from as well and the cheaper
+    result kept, so re-planning never proposes something dearer than what already works.
+    Raises :class:`InfeasibleError` (with a reason) when no configuration meets the SLO."""
+    evaluator = evaluator or Evaluator(problem)
+    results: list[Config] = []
+    try:
+        results.append(minimize_cost(problem, evaluator, initialize(problem, evaluator), variant))
+    except InfeasibleError:
+        if warm_start is None or not evaluator.feasible(warm_start):
+            raise
+    if warm_start is not None and evaluator.feasible(warm_start):
+        results.append(minimize_cost(problem, evaluator, warm_start, variant))
+    best = min(results, key=lambda c: (problem.cost_per_hour(c), evaluator.evaluate(c).tail_s))
+    return describe(problem, evaluator, best)
+
+
+def plan_sweep(
+    problem: PlanningProblem, slos_s: Sequence[float], *, variant: Variant = "sloline"
+) -> list[Plan | InfeasibleError]:
+    """Plans for several SLOs on the same trace (cost-vs-SLO curves, Fig. 10).
+
+    Independent greedy runs can cost slightly more for a looser SLO (§7.2: the planner
+    "occasionally finds sub-optimal configurations"); here each SLO, taken in increasing
+    order, is warm-started from the plan for the previous one, so the cost never rises as
+    the SLO loosens. Results are in the order of ``slos_s``; an infeasible SLO gives its
+    :class:`InfeasibleError`."""
+    results: dict[float, Plan | InfeasibleError] = {}
+    previous: Config | None = None
+    for slo in sorted(set(slos_s)):
+        current = replace(problem, slo_s=slo)
+        try:
+            planned = plan(current, variant=variant, warm_start=previous)
+        except InfeasibleError as exc:
+            results[slo] = exc
+            continue
+        results[slo] = planned
+        previous = planned.config
+    return [results[slo] for slo in slos_s]

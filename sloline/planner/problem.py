@@ -1,0 +1,217 @@
+"""What the planner is asked: pipeline, profiles, hardware prices, SLO, planning trace and
+the user's per-stage overrides (InferLine §3 "Using InferLine", §4.3).
+
+:class:`PlanningProblem` validates everything up front, so the search itself never meets a
+missing profile or an impossible pin, and every error tells the user what to change.
+:meth:`PlanningProblem.from_graph` builds one from a validated pipeline and a hardware
+catalog, which is what ``sloline plan`` and the operator do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from sloline.planner.config import Config
+from sloline.planner.estimator import ServiceMode, summary_stat
+from sloline.planner.profile import PipelineProfile, StageProfile
+from sloline.planner.topology import Topology
+
+if TYPE_CHECKING:
+    from sloline.spec.hardware import HardwareCatalog
+    from sloline.spec.validate import PipelineGraph
+
+__all__ = ["PlanningProblem", "StageOverride"]
+
+DEFAULT_MAX_REPLICAS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class StageOverride:
+    """User pins for one stage (``spec.stages[*]``: hardware, maxBatch, replicas and the
+    replica bounds). ``None`` leaves the choice to the planner."""
+
+    hardware: str | None = None
+    max_batch: int | None = None
+    replicas: int | None = None
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+
+    def __post_init__(self) -> None:
+        for what, value in (
+            ("max_batch", self.max_batch),
+            ("replicas", self.replicas),
+            ("min_replicas", self.min_replicas),
+            ("max_replicas", self.max_replicas),
+        ):
+            if value is not None and value < 1:
+                raise ValueError(f"override {what} must be >= 1, got {value}")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PlanningProblem:
+    """Everything one planning run needs.
+
+    ``hardware_costs`` maps each allowed hardware class to its price per replica-hour.
+    ``slo_s`` / ``percentile``: the end-to-end latency objective (P99 by default).
+    ``arrivals_s``: the sorted planning trace. ``service`` / ``seed``: estimator mode and
+    seed. ``max_replicas``: per-stage replica bound where no override sets one.
+    """
+
+    topology: Topology
+    profile: PipelineProfile
+    hardware_costs: Mapping[str, float]
+    slo_s: float
+    arrivals_s: npt.NDArray[np.float64]
+    percentile: float = 99.0
+    overrides: Mapping[str, StageOverride] = field(default_factory=dict)
+    service: ServiceMode = "p50"
+    seed: int = 0
+    max_replicas: int = DEFAULT_MAX_REPLICAS
+    name: str = "pipeline"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.slo_s) and self.slo_s > 0.0):
+            raise ValueError(f"the SLO must be a positive number of seconds, got {self.slo_s!r}")
+        if not 0.0 < self.percentile <= 100.0:
+            raise ValueError(f"the SLO percentile must be in (0, 100], got {self.percentile}")
+        arrivals = self.arrivals_s
+        if arrivals.ndim != 1 or arrivals.size < 2 or np.any(np.diff(arrivals) < 0.0):
+            raise ValueError(
+                "the planning trace must be a sorted 1-D array of at least two arrival times "
+                "(see sloline.planner.trace)"
+            )
+        if self.max_replicas < 1:
+            raise ValueError(f"max_replicas must be >= 1, got {self.max_replicas}")
+        if not self.hardware_costs:
+            raise ValueError("no hardware classes allowed; list at least one with its cost")
+        for hw, cost in self.hardware_costs.items():
+            if not (math.isfinite(cost) and cost >= 0.0):
+                raise ValueError(f"hardware {hw!r}: cost per hour must be >= 0, got {cost!r}")
+        object.__setattr__(self, "hardware_costs", MappingProxyType(dict(self.hardware_costs)))
+        object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
+        unknown = sorted(set(self.overrides) - set(self.topology.stages))
+        if unknown:
+            raise ValueError(f"overrides for unknown stages {unknown}")
+        for name in self.topology.stages:
+            self._check_stage(name)
+
+    def _check_stage(self, name: str) -> None:
+        usable = self.hardware_options(name)
+        if not usable:
+            raise ValueError(
+                f"stage {name!r} has no profile on any allowed hardware "
+                f"(allowed {sorted(self.hardware_costs)}, profiled "
+                f"{sorted(self.profile.stages.get(name, {}))}); profile it or allow more"
+            )
+        pin = self.override(name)
+        if pin.hardware is not None and pin.hardware not in usable:
+            raise ValueError(
+                f"stage {name!r} is pinned to {pin.hardware!r}, which is not allowed or not "
+                f"profiled (usable: {list(usable)})"
+            )
+        lo, hi = self.replica_bounds(name)
+        if lo > hi:
+            raise ValueError(f"stage {name!r}: min replicas {lo} > max replicas {hi}")
+        if pin.replicas is not None and not lo <= pin.replicas <= hi:
+            raise ValueError(f"stage {name!r}: replicas {pin.replicas} outside [{lo}, {hi}]")
+        if pin.max_batch is not None and not self.usable_hardware(name):
+            caps = {hw: self.stage_profile(name, hw).cap for hw in usable}
+            raise ValueError(
+                f"stage {name!r}: maxBatch {pin.max_batch} exceeds the profiled batch cap "
+                f"{caps}; profile larger batches or lower maxBatch"
+            )
+
+    @classmethod
+    def from_graph(
+        cls,
+        graph: PipelineGraph,
+        profile: PipelineProfile,
+        catalog: HardwareCatalog,
+        arrivals_s: npt.NDArray[np.float64],
+        *,
+        service: ServiceMode = "p50",
+        seed: int = 0,
+        max_replicas: int = DEFAULT_MAX_REPLICAS,
+    ) -> PlanningProblem:
+        """The problem a pipeline spec poses: its SLO, allowed hardware (``spec.hardware``,
+        empty = whole catalog) priced by the catalog, and the stages' pins."""
+        spec = graph.pipeline.spec
+        allowed = spec.hardware or catalog.names()
+        overrides = {
+            s.name: StageOverride(
+                s.hardware, s.max_batch, s.replicas, s.min_replicas or None, s.max_replicas
+            )
+            for s in spec.stages
+        }
+        return cls(
+            topology=Topology.from_graph(graph),
+            profile=profile,
+            hardware_costs={hw: catalog.get(hw).cost_per_hour for hw in allowed},
+            slo_s=spec.slo.latency_ms / 1000.0,
+            percentile=spec.slo.percentile,
+            arrivals_s=arrivals_s,
+            overrides=overrides,
+            service=service,
+            seed=seed,
+            max_replicas=max_replicas,
+            name=graph.name,
+        )
+
+    def override(self, name: str) -> StageOverride:
+        return self.overrides.get(name, StageOverride())
+
+    def stage_profile(self, name: str, hardware: str) -> StageProfile:
+        return self.profile.stage(name, hardware)
+
+    def hardware_options(self, name: str) -> tuple[str, ...]:
+        """Allowed classes ``name`` is profiled on (all of them the planner may use)."""
+        profiled = self.profile.stages.get(name, {})
+        return tuple(hw for hw in self.hardware_costs if hw in profiled)
+
+    def usable_hardware(self, name: str) -> tuple[str, ...]:
+        """Classes the planner may put ``name`` on: the pin, else every option whose batch
+        cap admits a pinned max batch."""
+        pin = self.override(name)
+        if pin.hardware is not None:
+            return (pin.hardware,)
+        options = self.hardware_options(name)
+        if pin.max_batch is None:
+            return options
+        return tuple(hw for hw in options if self.stage_profile(name, hw).cap >= pin.max_batch)
+
+    def replica_bounds(self, name: str) -> tuple[int, int]:
+        """(min, max) replicas of a stage: the pin if any, else the overrides' bounds."""
+        pin = self.override(name)
+        if pin.replicas is not None:
+            return pin.replicas, pin.replicas
+        lo = max(1, pin.min_replicas or 1)
+        hi = pin.max_replicas if pin.max_replicas is not None else self.max_replicas
+        return lo, hi
+
+    def batch_options(self, name: str, hardware: str) -> tuple[int, ...]:
+        """Max batch sizes the planner may use: the pin, else 1, 2, 4, ... and the cap
+        (the values IncreaseBatch reaches by doubling, §4.3)."""
+        pin = self.override(name).max_batch
+        if pin is not None:
+            return (pin,)
+        cap = self.stage_profile(name, hardware).cap
+        sizes = [1]
+        while sizes[-1] < cap:
+            sizes.append(min(2 * sizes[-1], cap))
+        return tuple(sizes)
+
+    def single_latency_s(self, name: str, hardware: str) -> float:
+        """Service time of a batch of one under the estimator's statistic."""
+        return self.stage_profile(name, hardware).latency_s(1, summary_stat(self.service))
+
+    def cost_per_hour(self, config: Config) -> float:
+        """Σ replicas x hardware price, the objective of §4.3 (rounded to 1e-9 $/h so that
+        equal costs compare equal whatever the order of summation)."""
+        return round(sum(c.replicas * self.hardware_costs[c.hardware] for c in config), 9)

@@ -1,0 +1,305 @@
+"""The profiler (InferLine §4.1): measure every stage on every allowed hardware class.
+
+1. The pipeline's own sample requests (`spec.samples`) run through the pipeline in
+   process; this records what each stage actually receives and which stages each sample
+   visits (the visit matrix, hence the scale factors s_m, conditional edges included).
+2. For each (stage, hardware class) a real worker process is started with that class's
+   thread budget and CPU affinity (`sloline profile-stage`), and it times one batch at
+   batch sizes 1, 2, 4, ... up to the cap, or until doubling the batch stops paying off
+   (throughput gain under 5% twice in a row).
+3. The router's per-hop overhead is measured on a real router and worker: the end-to-end
+   time of a one-stage identity pipeline minus the worker's own service time.
+
+Results are cached on disk per (stage, hardware class), keyed by a digest of the stage's
+spec, its model file or Python module, the hardware class, the runtime versions and the
+sample inputs, so re-profiling happens only when one of those changes (or `force`).
+This is the only part of the planner that does I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
+from sloline.runtimes import import_entrypoint, load_pipeline_stage
+from sloline.serving.inprocess import InProcessPipeline
+from sloline.spec import HardwareCatalog, HardwareClass, Issue, LoadedPipeline, PipelineError
+
+Arrays = dict[str, np.ndarray]
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilerSettings:
+    hardware: tuple[str, ...] = ()  # classes to profile; empty: the pipeline's allowed ones
+    max_batch_cap: int = 32
+    repeats: int = 20  # timed batches per batch size (fewer if the time budget runs out)
+    budget_s: float = 2.0  # wall time per (stage, class, batch size)
+    samples: int = 256  # sample requests used at most
+    cache_dir: Path | None = None
+    force: bool = False
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sloline" / "profiles"
+
+
+def load_samples(loaded: LoadedPipeline, limit: int) -> list[Arrays]:
+    """The pipeline's sample requests (one dict per request), or zeros with a warning
+    printed by the caller when the spec declares none."""
+    spec = loaded.pipeline.spec
+    samples = spec.samples
+    if samples is None:
+        return [{t.name: np.zeros([d if d > 0 else 1 for d in t.shape],
+                                  dtype=_dtype(t.datatype)) for t in spec.inputs}]  # fmt: skip
+    if samples.entrypoint:
+        data = import_entrypoint(samples.entrypoint, loaded.base_dir, what="spec.samples")()
+    elif samples.uri:
+        with np.load(loaded.resolve(samples.uri), allow_pickle=False) as npz:
+            data = {k: npz[k] for k in npz.files}
+    else:
+        raise PipelineError([Issue("spec.samples", "give uri or entrypoint")], loaded.name)
+    missing = sorted({t.name for t in spec.inputs} - set(data))
+    if missing:
+        raise PipelineError([Issue("spec.samples", f"samples lack input(s) {missing}")],
+                            loaded.name)  # fmt: skip
+    count = min(len(next(iter(data.values()))), limit)
+    return [{t.name: np.asarray(data[t.name][i], dtype=_dtype(t.datatype)) for t in spec.inputs}
+            for i in range(count)]  # fmt: skip
+
+
+def _dtype(datatype: str) -> np.dtype[Any]:
+    from sloline.serving.types import DTYPES
+
+    return DTYPES[datatype]
+
+
+def trace_samples(loaded: LoadedPipeline, samples: Sequence[Arrays]) -> tuple[
+    dict[str, list[Arrays]], np.ndarray
+]:  # fmt: skip
+    """Run the samples in process; return each stage's inputs and the visit matrix
+    [n_samples, n_stages in graph order]."""
+    return InProcessPipeline(loaded).trace(samples)
+
+
+def _digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()[:24]
+
+
+def _model_bytes(loaded: LoadedPipeline, stage: str) -> bytes:
+    model = loaded.graph.stages[stage].spec.model
+    if model.uri:
+        return loaded.resolve(model.uri).read_bytes()
+    module = (model.entrypoint or "").partition(":")[0].replace(".", "/")
+    for candidate in (loaded.base_dir / f"{module}.py", loaded.base_dir / module / "__init__.py"):
+        if candidate.exists():
+            return candidate.read_bytes()
+    return (model.entrypoint or "").encode()
+
+
+def _versions() -> bytes:
+    found = []
+    for package in ("onnxruntime", "torch", "numpy", "sloline"):
+        try:
+            found.append(f"{package}={importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"{package}=none")
+    return ",".join(found).encode()
+
+
+def _save_inputs(path: Path, items: Sequence[Arrays]) -> None:
+    arrays = {f"{i}/{name}": value for i, item in enumerate(items) for name, value in item.items()}
+    np.savez(path, **arrays)  # type: ignore[arg-type]
+
+
+def _load_inputs(path: Path) -> list[Arrays]:
+    items: dict[int, Arrays] = {}
+    with np.load(path, allow_pickle=False) as npz:
+        for key in npz.files:
+            index, _, name = key.partition("/")
+            items.setdefault(int(index), {})[name] = npz[key]
+    return [items[i] for i in sorted(items)]
+
+
+def measure_stage(
+    pipeline_file: Path, stage: str, inputs_file: Path, *, threads: int, cap: int,
+    repeats: int, budget_s: float,
+) -> list[BatchLatency]:  # fmt: skip
+    """Time one stage in this process (the body of `sloline profile-stage`)."""
+    from sloline.spec import load_pipeline
+
+    runner = load_pipeline_stage(load_pipeline(pipeline_file), stage, threads=threads)
+    items = _load_inputs(inputs_file)
+    points: list[BatchLatency] = []
+    batch, slow_gains = 1, 0
+    while batch <= cap:
+        chunk = [items[i % len(items)] for i in range(batch)]
+        runner.run(chunk)  # warm-up at this size
+        samples: list[float] = []
+        deadline = time.perf_counter() + budget_s
+        while len(samples) < repeats and (len(samples) < 3 or time.perf_counter() < deadline):
+            start = time.perf_counter()
+            runner.run(chunk)
+            samples.append(time.perf_counter() - start)
+        points.append(BatchLatency.from_samples(batch, samples))
+        if len(points) > 1:
+            before, now = points[-2], points[-1]
+            gain = (now.batch_size / now.p50_s) / (before.batch_size / before.p50_s)
+            slow_gains = slow_gains + 1 if gain < 1.05 else 0
+            if slow_gains >= 2:
+                break
+        batch *= 2
+    return points
+
+
+def _profile_in_worker(
+    loaded: LoadedPipeline, stage: str, hw: HardwareClass, inputs_file: Path,
+    settings: ProfilerSettings,
+) -> StageProfile:  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="sloline-profile-") as tmp:
+        out = Path(tmp) / "profile.json"
+        cmd = [sys.executable, "-m", "sloline", "profile-stage", "--pipeline", str(loaded.file),
+               "--stage", stage, "--inputs", str(inputs_file), "--out", str(out),
+               "--threads", str(hw.embedded.threads), "--cap", str(settings.max_batch_cap),
+               "--repeats", str(settings.repeats), "--budget-s", str(settings.budget_s)]  # fmt: skip
+        if hw.embedded.cpus:
+            cmd += ["--cpus", ",".join(map(str, hw.embedded.cpus))]
+        threads = str(hw.embedded.threads)
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"profiling stage {stage!r} on {hw.name!r} failed:\n"
+                               f"{done.stderr.strip()[-2000:]}")  # fmt: skip
+        points = [BatchLatency.from_dict(p) for p in json.loads(out.read_text())]
+    return StageProfile(hardware=hw.name, points=tuple(points))
+
+
+def measure_hop_s(payload: Arrays, *, requests: int = 300) -> float:
+    """Router -> worker -> router overhead per stage visit, on a real router and worker."""
+    import asyncio
+
+    from sloline.embedded import EmbeddedPipeline, EmbeddedSettings
+    from sloline.serving.server import ServerSettings
+    from sloline.serving.types import InferRequest, Tensor
+    from sloline.spec import load_pipeline
+
+    with tempfile.TemporaryDirectory(prefix="sloline-hop-") as tmp:
+        spec_file = Path(tmp) / "pipeline.yaml"
+        spec_file.write_text(_identity_pipeline(payload))
+        loaded = load_pipeline(spec_file)
+
+        async def run() -> float:
+            settings = EmbeddedSettings(server=ServerSettings(http_port=0, grpc_port=0))
+            async with EmbeddedPipeline(loaded, settings) as served:
+                await served.wait_ready()
+                request = InferRequest("hop", {k: Tensor.from_array(v) for k, v in payload.items()})
+                end_to_end = []
+                for _ in range(requests):
+                    start = time.perf_counter()
+                    await served.router.infer(request)
+                    end_to_end.append(time.perf_counter() - start)
+                service = served.router.stats.stage_service["identity"].since(0.0)
+            return max(0.0, float(np.median(end_to_end[20:]) - np.median(service[20:])))
+
+        return asyncio.run(run())
+
+
+def _identity_pipeline(payload: Arrays) -> str:
+    from sloline.serving.types import datatype_of
+
+    tensors = [{"name": k, "datatype": datatype_of(v), "shape": list(v.shape)}
+               for k, v in payload.items()]  # fmt: skip
+    doc = {
+        "apiVersion": "sloline.dev/v1alpha1", "kind": "PredictionPipeline",
+        "metadata": {"name": "hop"},
+        "spec": {"slo": {"latencyMs": 1000}, "workload": {"rateRps": 1}, "inputs": tensors,
+                 "stages": [{"name": "identity",
+                             "model": {"runtime": "python",
+                                       "entrypoint": "sloline.planner.profiler:identity"},
+                             "inputs": [{"name": t["name"], "from": t["name"]} for t in tensors],
+                             "outputs": tensors}],
+                 "output": "identity"},
+    }  # fmt: skip
+    return json.dumps(doc)
+
+
+def identity(inputs: Arrays) -> Arrays:
+    """The stage of the hop-overhead pipeline."""
+    return dict(inputs)
+
+
+def profile_pipeline(
+    loaded: LoadedPipeline,
+    catalog: HardwareCatalog,
+    settings: ProfilerSettings | None = None,
+    progress: Progress = lambda _msg: None,
+) -> PipelineProfile:
+    """Profile every stage on every class in `settings.hardware` (or the allowed ones)."""
+    settings = settings or ProfilerSettings()
+    classes = settings.hardware or tuple(loaded.pipeline.spec.hardware or catalog.names())
+    cache = settings.cache_dir or default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    samples = load_samples(loaded, settings.samples)
+    stage_inputs, visits = trace_samples(loaded, samples)
+    sample_digest = hashlib.sha256()
+    for item in samples:
+        for name in sorted(item):
+            sample_digest.update(name.encode() + item[name].tobytes())
+    versions = _versions()
+    stages: dict[str, dict[str, StageProfile]] = {}
+    order = loaded.graph.order
+    total, done = len(order) * len(classes), 0
+    with tempfile.TemporaryDirectory(prefix="sloline-inputs-") as tmp:
+        for stage in order:
+            stages[stage] = {}
+            inputs = stage_inputs[stage] or _fallback_inputs(loaded, stage, stage_inputs)
+            inputs_file = Path(tmp) / f"{stage}.npz"
+            _save_inputs(inputs_file, inputs[: settings.max_batch_cap * 2])
+            node = loaded.graph.stages[stage]
+            for name in classes:
+                hw = catalog.get(name)
+                key = _digest(node.spec.model_dump_json().encode(), _model_bytes(loaded, stage),
+                              hw.model_dump_json().encode(), versions,
+                              sample_digest.digest(), str(settings.max_batch_cap).encode())  # fmt: skip
+                path = cache / f"{loaded.name}-{stage}-{name}-{key}.json"
+                done += 1
+                if path.exists() and not settings.force:
+                    profile = StageProfile.from_dict(json.loads(path.read_text()))
+                    progress(f"[{done}/{total}] {stage} on {name}: cached")
+                else:
+                    progress(f"[{done}/{total}] {stage} on {name}: measuring ...")
+                    profile = _profile_in_worker(loaded, stage, hw, inputs_file, settings)
+                    path.write_text(json.dumps(profile.to_dict()))
+                stages[stage][name] = profile
+    progress("measuring the router's per-hop overhead ...")
+    hop_s = measure_hop_s(samples[0])
+    return PipelineProfile(stages=stages, hop_s=hop_s, visits=visits, visit_stages=order)
+
+
+def _fallback_inputs(
+    loaded: LoadedPipeline, stage: str, stage_inputs: dict[str, list[Arrays]]
+) -> list[Arrays]:
+    """A stage no sample reached (e.g. a cascade branch never taken): zeros of its
+    declared input shapes, so it still gets a latency profile."""
+    from sloline.runtimes import stage_input_specs
+
+    specs = stage_input_specs(loaded.graph, stage)
+    return [{n: np.zeros([d if d > 0 else 1 for d in t.shape], dtype=_dtype(t.datatype))
+             for n, t in specs.items()}]  # fmt: skip

@@ -1,0 +1,101 @@
+"""Planning traces: the arrival timestamps the planner provisions for (InferLine §3, §6).
+
+A trace is a sorted float64 array of arrival times in seconds. It is either given (recorded
+by the router, or listed in the pipeline's workload) or generated from a mean rate λ and a
+squared coefficient of variation CV² of the inter-arrival times with gamma-distributed
+inter-arrivals, as in the paper's synthetic workloads (§6: shape 1/CV², mean 1/λ; CV² = 1
+is a Poisson process, larger is burstier). Generation takes a seed, so a trace is
+reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from sloline.tuner.envelope import trace_envelope
+
+if TYPE_CHECKING:
+    from sloline.spec.models import WorkloadSpec
+
+__all__ = [
+    "gamma_arrivals",
+    "mean_rate_rps",
+    "peak_rate_rps",
+    "trace_for_workload",
+    "trace_from_timestamps",
+]
+
+Trace = npt.NDArray[np.float64]
+
+
+def gamma_arrivals(rate_rps: float, duration_s: float, *, cv2: float = 1.0, seed: int = 0) -> Trace:
+    """Arrival times in [0, duration_s) with i.i.d. gamma inter-arrivals (§6).
+
+    Inter-arrival times have mean 1/rate_rps and squared coefficient of variation ``cv2``
+    (shape k = 1/cv2, scale = 1/(rate_rps·k)); the first arrival comes one inter-arrival
+    after 0. Same arguments, same trace.
+    """
+    for name, value in (("rate_rps", rate_rps), ("duration_s", duration_s), ("cv2", cv2)):
+        if not (math.isfinite(value) and value > 0.0):
+            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    rng = np.random.default_rng(seed)
+    shape = 1.0 / cv2
+    scale = 1.0 / (rate_rps * shape)
+    expected = rate_rps * duration_s
+    chunk = int(expected + 6.0 * math.sqrt(expected * cv2) + 16)
+    parts: list[Trace] = []
+    last = 0.0
+    while last < duration_s:
+        times = last + np.cumsum(rng.gamma(shape, scale, size=chunk))
+        parts.append(times)
+        last = float(times[-1])
+    arrivals = np.concatenate(parts)
+    return arrivals[arrivals < duration_s]
+
+
+def trace_from_timestamps(timestamps_s: npt.ArrayLike) -> Trace:
+    """A planning trace from recorded timestamps: sorted, shifted to start at 0."""
+    times: Trace = np.sort(np.asarray(timestamps_s, dtype=np.float64).ravel())
+    if times.size == 0:
+        raise ValueError("a planning trace needs at least one arrival")
+    if not np.all(np.isfinite(times)):
+        raise ValueError("arrival timestamps must be finite seconds (found NaN or inf)")
+    shifted: Trace = times - times[0]
+    return shifted
+
+
+def trace_for_workload(workload: WorkloadSpec) -> Trace:
+    """The planning trace a pipeline's ``spec.workload`` describes.
+
+    An inline ``trace`` wins over ``rateRps``; a ``traceUri`` must be read by the caller
+    (this module does no I/O) and passed to :func:`trace_from_timestamps`.
+    """
+    if workload.trace is not None:
+        return trace_from_timestamps(workload.trace)
+    if workload.rate_rps is not None:
+        return gamma_arrivals(
+            workload.rate_rps, workload.duration_s, cv2=workload.cv2, seed=workload.seed
+        )
+    if workload.trace_uri is not None:
+        raise ValueError(
+            f"workload trace {workload.trace_uri!r} must be read by the caller; pass its "
+            "timestamps to trace_from_timestamps()"
+        )
+    raise ValueError("spec.workload needs rateRps or a trace to plan for")
+
+
+def mean_rate_rps(arrivals_s: Trace) -> float:
+    """Mean arrival rate λ: (n - 1) inter-arrivals over the trace's span (n / span when the
+    span is zero is undefined, so a one-arrival trace is rejected)."""
+    if arrivals_s.size < 2 or arrivals_s[-1] <= arrivals_s[0]:
+        raise ValueError("the mean rate needs at least two arrivals at different times")
+    return float((arrivals_s.size - 1) / (arrivals_s[-1] - arrivals_s[0]))
+
+
+def peak_rate_rps(arrivals_s: Trace, window_s: float) -> float:
+    """Highest arrival rate in any sliding window of ``window_s`` seconds (CG-Peak, §6)."""
+    return float(trace_envelope(arrivals_s, [window_s])[0])

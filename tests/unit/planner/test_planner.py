@@ -1,0 +1,248 @@
+"""The Planner (§4.3): plans meet the SLO, no single action lowers their cost, looser SLOs
+never cost more, infeasibility is explained, and the greedy is near the optimum."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sloline.planner.config import Config, StageConfig
+from sloline.planner.estimator import Workload, estimate
+from sloline.planner.evaluator import Evaluator
+from sloline.planner.optimum import optimal_config
+from sloline.planner.planner import InfeasibleError, initialize, minimize_cost, plan, plan_sweep
+from sloline.planner.problem import PlanningProblem, StageOverride
+from sloline.planner.profile import PipelineProfile, StageProfile
+from sloline.planner.synthetic import random_problem
+from sloline.planner.topology import Topology
+from sloline.planner.trace import gamma_arrivals
+
+
+def small_problem(seed: int, **changes: object) -> PlanningProblem:
+    problem = random_problem(seed, duration_s=8.0, max_replicas=16)
+    return dataclasses.replace(problem, **changes)  # type: ignore[arg-type]
+
+
+def tail_s(problem: PlanningProblem, config: Config) -> float:
+    """The SLO-percentile latency of a configuration, by a fresh estimator run."""
+    workload = Workload.build(
+        problem.topology, problem.profile, problem.arrivals_s, seed=problem.seed
+    )
+    result = estimate(problem.topology, problem.profile, config, workload, seed=problem.seed)
+    return result.percentile_s(problem.percentile)
+
+
+def meets_slo(problem: PlanningProblem, config: Config) -> bool:
+    return tail_s(problem, config) <= problem.slo_s
+
+
+def swap(config: Config, m: int, stage: StageConfig) -> Config:
+    return (*config[:m], stage, *config[m + 1 :])
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(0, 10_000))
+def test_plans_meet_the_slo_and_no_single_action_lowers_their_cost(seed: int) -> None:
+    problem = small_problem(seed)
+    try:
+        planned = plan(problem)
+    except InfeasibleError:
+        return
+    config = planned.config
+    assert meets_slo(problem, config)
+    assert planned.tail_s <= problem.slo_s
+    assert planned.cost_per_hour == pytest.approx(problem.cost_per_hour(config))
+    for m, name in enumerate(problem.topology.stages):
+        c = config[m]
+        lo, _ = problem.replica_bounds(name)
+        options = problem.batch_options(name, c.hardware)
+        # RemoveReplica, at any batch size, breaks the SLO.
+        if c.replicas > lo:
+            for batch in options:
+                assert not meets_slo(
+                    problem, swap(config, m, StageConfig(c.hardware, batch, c.replicas - 1))
+                )
+        # IncreaseBatch (free, so the search would have taken it) breaks the SLO.
+        if c.max_batch < max(options):
+            doubled = StageConfig(c.hardware, min(2 * c.max_batch, max(options)), c.replicas)
+            assert not meets_slo(problem, swap(config, m, doubled))
+        # DowngradeHW: on the next cheaper class no (batch, replicas) that saves money holds.
+        price = problem.hardware_costs[c.hardware]
+        cheaper = [h for h in problem.usable_hardware(name) if problem.hardware_costs[h] < price]
+        if cheaper:
+            target = max(
+                cheaper,
+                key=lambda h: (problem.hardware_costs[h], -problem.single_latency_s(name, h)),
+            )
+            unit = problem.hardware_costs[target]
+            for batch in problem.batch_options(name, target):
+                for r in range(lo, c.replicas * int(price / unit) + 1):
+                    if r * unit < c.replicas * price - 1e-9:
+                        trial = swap(config, m, StageConfig(target, batch, r))
+                        assert not meets_slo(problem, trial), (name, target, batch, r)
+
+
+def test_cost_never_rises_as_the_slo_loosens() -> None:
+    # Independent greedy runs on this case cost $1.30/h at 0.85 x SLO but $1.80/h at 1 x.
+    problem = random_problem(29, n_stages=3, duration_s=8.0, max_replicas=16)
+    slos = [problem.slo_s * f for f in (0.85, 1.0, 1.3, 3.0)]
+    results = plan_sweep(problem, slos)
+    costs = []
+    for slo, result in zip(slos, results, strict=True):
+        if isinstance(result, InfeasibleError):
+            costs.append(math.inf)
+            continue
+        assert result.slo_s == slo
+        assert meets_slo(dataclasses.replace(problem, slo_s=slo), result.config)
+        costs.append(result.cost_per_hour)
+    assert costs == sorted(costs, reverse=True)
+    assert costs[0] > costs[-1]  # the sweep spans real trade-offs
+
+
+def test_warm_start_never_returns_something_dearer() -> None:
+    problem = small_problem(24)
+    loose = dataclasses.replace(problem, slo_s=problem.slo_s * 1.25)
+    tight_plan = plan(problem)
+    assert plan(loose, warm_start=tight_plan.config).cost_per_hour <= tight_plan.cost_per_hour
+
+
+def two_stage(rate_rps: float, slo_s: float, **overrides: StageOverride) -> PlanningProblem:
+    pre = {1: 0.002, 2: 0.004, 4: 0.008}  # no faster on the GPU (Fig. 3's preprocess)
+    profiles = {
+        "pre": {
+            "cpu": StageProfile.from_latencies("cpu", pre),
+            "gpu": StageProfile.from_latencies("gpu", pre),
+        },
+        "dnn": {
+            "cpu": StageProfile.from_latencies("cpu", {1: 0.040, 2: 0.080, 4: 0.160}),
+            "gpu": StageProfile.from_latencies("gpu", {1: 0.005, 2: 0.006, 4: 0.008}),
+        },
+    }
+    return PlanningProblem(
+        topology=Topology.chain(["pre", "dnn"]),
+        profile=PipelineProfile(profiles, hop_s=0.0005),
+        hardware_costs={"cpu": 0.05, "gpu": 0.9},
+        slo_s=slo_s,
+        arrivals_s=gamma_arrivals(rate_rps, 20.0, seed=1),
+        overrides=overrides,
+        max_replicas=32,
+        name="two-stage",
+    )
+
+
+def test_infeasible_slo_is_reported_with_a_reason() -> None:
+    with pytest.raises(InfeasibleError) as info:
+        plan(two_stage(50.0, slo_s=0.006))
+    assert info.value.reason == "ServiceTimeExceedsSLO"
+    assert "pre (cpu, 2.5 ms) -> dnn (gpu, 5.5 ms)" in str(info.value)
+    assert "SLO 6.0 ms" in str(info.value)
+    capped = two_stage(2000.0, slo_s=0.05, dnn=StageOverride(max_replicas=1, hardware="gpu"))
+    with pytest.raises(InfeasibleError) as info:
+        plan(capped)
+    assert info.value.reason == "ReplicaLimit"
+    assert "raise maxReplicas" in str(info.value)
+
+
+def test_a_loose_slo_moves_the_dnn_to_the_cheaper_hardware_and_batches() -> None:
+    tight = plan(two_stage(60.0, slo_s=0.03))
+    loose = plan(two_stage(60.0, slo_s=0.5))
+    assert tight.stage("dnn").hardware == "gpu"
+    assert loose.stage("dnn").hardware == "cpu"
+    assert loose.cost_per_hour < tight.cost_per_hour
+    assert tight.tail_s <= 0.03
+    assert loose.tail_s <= 0.5
+
+
+def test_pins_and_replica_bounds_are_respected() -> None:
+    problem = two_stage(
+        60.0,
+        slo_s=0.5,
+        pre=StageOverride(replicas=3),
+        dnn=StageOverride(hardware="gpu", max_batch=2, min_replicas=2),
+    )
+    planned = plan(problem)
+    assert planned.stage("pre").replicas == 3
+    dnn = planned.stage("dnn")
+    assert (dnn.hardware, dnn.max_batch) == ("gpu", 2)
+    assert dnn.replicas >= 2
+    with pytest.raises(ValueError, match="pinned to 'tpu'"):
+        two_stage(60.0, 0.5, dnn=StageOverride(hardware="tpu"))
+    with pytest.raises(ValueError, match="maxBatch 8 exceeds the profiled batch cap"):
+        two_stage(60.0, 0.5, dnn=StageOverride(max_batch=8))
+
+
+def test_plan_carries_what_the_tuner_needs() -> None:
+    problem = two_stage(80.0, slo_s=0.05)
+    planned = plan(problem)
+    rate = planned.rate_rps
+    arrivals = problem.arrivals_s
+    assert rate == pytest.approx((arrivals.size - 1) / (arrivals[-1] - arrivals[0]))
+    for stage in planned.stages:
+        profile = problem.stage_profile(stage.name, stage.hardware)
+        assert stage.throughput_rps == pytest.approx(
+            stage.max_batch / profile.latency_s(stage.max_batch)
+        )
+        assert stage.rho == pytest.approx(
+            rate * stage.scale_factor / (stage.replicas * stage.throughput_rps)
+        )
+        # Algorithm 3 scales the planned replicas with the rate: k_m = ceil(reps * r_max / λ).
+        r_max = 3.0 * rate
+        k_m = math.ceil(r_max * stage.scale_factor / (stage.throughput_rps * stage.rho) - 1e-9)
+        assert k_m == math.ceil(stage.replicas * 3.0 - 1e-9)
+    windows = planned.envelope.windows_s
+    assert windows[-1] <= 20.0
+    assert all(b == pytest.approx(2 * a) for a, b in itertools.pairwise(windows))
+    assert planned.envelope.rates_rps[-1] == pytest.approx(rate, rel=0.1)
+    assert [b.name for b in planned.baselines] == ["cg-mean", "cg-peak"]
+
+
+def test_cg_baselines_replicate_the_whole_pipeline() -> None:
+    planned = plan(two_stage(80.0, slo_s=0.03))
+    mean, peak = planned.baselines
+    assert peak.rate_rps > mean.rate_rps > 70.0
+    assert mean.hardware == peak.hardware == "gpu"  # the CPU cannot serve dnn within 30 ms
+    # Largest batch whose service time fits: pre 8 ms + dnn 8 ms + 2 hops at batch 4.
+    assert mean.max_batch == peak.max_batch == 4
+    # Units: every stage keeps up with the rate (pre on the GPU class serves 500 rps).
+    assert mean.units == max(1, math.ceil(mean.rate_rps / 500.0))
+    assert peak.units >= mean.units
+    assert mean.cost_per_hour == pytest.approx(mean.units * 2 * 0.9)
+    assert planned.cost_per_hour < mean.cost_per_hour  # fine-grained beats coarse-grained
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_greedy_is_near_the_optimum_on_small_random_pipelines(seed: int) -> None:
+    problem = random_problem(seed, n_stages=2 + seed % 2, duration_s=10.0, max_replicas=16)
+    optimum = optimal_config(problem, budget=5_000)
+    assert optimum.proven
+    evaluator = Evaluator(problem)
+    try:
+        greedy = minimize_cost(problem, evaluator, initialize(problem, evaluator))
+    except InfeasibleError:
+        assert optimum.config is None  # never infeasible when a feasible plan exists
+        return
+    assert optimum.config is not None
+    cost = problem.cost_per_hour(greedy)
+    assert cost >= optimum.cost_per_hour - 1e-9  # the search is exact: nothing beats it
+    assert cost <= 1.10 * optimum.cost_per_hour
+
+
+def test_the_paper_literal_greedy_can_stall_where_ours_does_not() -> None:
+    problem = random_problem(18, n_stages=2, duration_s=10.0, max_replicas=16)
+    evaluator = Evaluator(problem)
+    start = initialize(problem, evaluator)
+    literal = problem.cost_per_hour(minimize_cost(problem, evaluator, start, "inferline"))
+    ours = problem.cost_per_hour(minimize_cost(problem, evaluator, start, "sloline"))
+    optimum = optimal_config(problem, evaluator)
+    assert optimum.proven
+    assert optimum.config is not None
+    assert meets_slo(problem, optimum.config)
+    assert np.isclose(optimum.cost_per_hour, problem.cost_per_hour(optimum.config))
+    assert ours == pytest.approx(optimum.cost_per_hour)
+    assert literal > 1.5 * optimum.cost_per_hour

@@ -1,0 +1,155 @@
+"""Batch-latency profiles (§4.1): interpolation, caps, serialisation, visit matrices and
+the Clockwork GPU profiles."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sloline.planner.clockwork import load_clockwork_profiles
+from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
+
+
+def gpu_like() -> StageProfile:
+    return StageProfile.from_latencies("gpu", {1: 0.004, 2: 0.005, 4: 0.007, 8: 0.011})
+
+
+def test_latency_interpolates_linearly_between_measured_sizes() -> None:
+    profile = gpu_like()
+    assert profile.latency_s(4) == 0.007
+    assert profile.latency_s(3) == pytest.approx(0.006)
+    assert profile.latency_s(6) == pytest.approx(0.009)
+    assert profile.throughput_rps(8) == pytest.approx(8 / 0.011)
+    np.testing.assert_allclose(
+        profile.latency_table_s(8), [0, 0.004, 0.005, 0.006, 0.007, 0.008, 0.009, 0.010, 0.011]
+    )
+
+
+def test_batches_beyond_the_cap_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"outside the profile on 'gpu' \(measured 1..8\)"):
+        gpu_like().latency_s(9)
+    with pytest.raises(ValueError, match="outside"):
+        gpu_like().latency_table_s(16)
+
+
+@pytest.mark.parametrize(
+    ("points", "message"),
+    [
+        ((), "no measured batch sizes"),
+        ((BatchLatency(2, 1.0, 1.0, 1.0),), "must start at batch size 1"),
+        ((BatchLatency(1, 1.0, 1.0, 1.0), BatchLatency(1, 2.0, 2.0, 2.0)), "must increase"),
+    ],
+)
+def test_stage_profile_validation(points: tuple[BatchLatency, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        StageProfile("cpu", points)
+
+
+def test_batch_latency_validation() -> None:
+    with pytest.raises(ValueError, match=r"p99 .* is below p50"):
+        BatchLatency(1, 0.002, 0.001, 0.002)
+    with pytest.raises(ValueError, match="positive finite"):
+        BatchLatency(1, 0.0, 0.001, 0.002)
+    with pytest.raises(ValueError, match="positive finite"):
+        BatchLatency(1, 0.001, 0.001, 0.001, (0.001, float("nan")))
+
+
+def test_from_samples_summarises_and_keeps_the_samples() -> None:
+    samples = [0.001 * k for k in range(1, 101)]
+    point = BatchLatency.from_samples(4, samples)
+    assert point.p50_s == pytest.approx(0.0505)
+    assert point.p99_s == pytest.approx(0.09901)
+    assert point.mean_s == pytest.approx(0.0505)
+    assert point.samples_s == tuple(samples)
+
+
+def test_quantile_table_couples_quantiles_across_batch_sizes() -> None:
+    profile = StageProfile(
+        "cpu",
+        (
+            BatchLatency.from_samples(1, [1.0, 3.0, 2.0, 4.0]),
+            BatchLatency.from_samples(4, [7.0, 4.0, 6.0, 5.0]),
+        ),
+    )
+    table = profile.quantile_table_s(4)
+    np.testing.assert_array_equal(table[1], [1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(table[4], [4.0, 5.0, 6.0, 7.0])
+    np.testing.assert_array_equal(table[2], [2.0, 3.0, 4.0, 5.0])  # a third of the way
+    with pytest.raises(ValueError, match="no raw samples"):
+        gpu_like().quantile_table_s(2)
+
+
+@st.composite
+def stage_profiles(draw: st.DrawFn) -> StageProfile:
+    latency = draw(st.floats(1e-4, 1.0))
+    points = []
+    for size in (1, 2, 4, 8)[: draw(st.integers(1, 4))]:
+        latency += draw(st.floats(0.0, 0.5))
+        tail = latency * draw(st.floats(1.0, 3.0))
+        samples = tuple(draw(st.lists(st.floats(1e-4, 2.0), max_size=4)))
+        points.append(BatchLatency(size, latency, tail, latency * 1.1, samples))
+    return StageProfile(draw(st.sampled_from(["cpu-1", "gpu"])), tuple(points))
+
+
+@settings(max_examples=40)
+@given(st.lists(stage_profiles(), min_size=1, max_size=3), st.floats(0.0, 0.01), st.booleans())
+def test_pipeline_profile_round_trips_through_json_and_yaml(
+    profiles: list[StageProfile], hop_s: float, with_visits: bool
+) -> None:
+    stages = {f"s{i}": {p.hardware: p} for i, p in enumerate(profiles)}
+    names = tuple(stages)
+    visits = None
+    if with_visits:
+        visits = np.arange(5 * len(names)).reshape(5, len(names)) % 3 == 0
+    original = PipelineProfile(
+        stages, hop_s=hop_s, visits=visits, visit_stages=names if with_visits else ()
+    )
+    data = original.to_dict()
+    for text in (json.dumps(data), yaml.safe_dump(data)):
+        again = PipelineProfile.from_dict(yaml.safe_load(text))
+        assert again.to_dict() == data
+        assert again.stages == original.stages
+        assert again.scale_factors == original.scale_factors
+
+
+def test_scale_factors_come_from_the_visit_matrix() -> None:
+    stages = {n: {"gpu": gpu_like()} for n in ("a", "b")}
+    visits = np.array([[1, 1], [1, 0], [1, 0], [1, 1]], dtype=bool)
+    profile = PipelineProfile(stages, visits=visits, visit_stages=("a", "b"))
+    assert dict(profile.scale_factors) == {"a": 1.0, "b": 0.5}
+    with pytest.raises(ValueError, match="disagrees with the visit matrix"):
+        PipelineProfile(stages, {"b": 0.7}, visits=visits, visit_stages=("a", "b"))
+    with pytest.raises(ValueError, match="name every profiled stage"):
+        PipelineProfile(stages, visits=visits[:, :1], visit_stages=("a",))
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        PipelineProfile(stages, {"a": 1.5})
+    with pytest.raises(KeyError, match=r"not profiled on 'cpu' \(profiled on \['gpu'\]\)"):
+        profile.stage("a", "cpu")
+    with pytest.raises(ValueError, match="filed under 'cpu' is for 'gpu'"):
+        PipelineProfile({"a": {"cpu": gpu_like()}})
+
+
+def test_clockwork_profiles_read_the_published_table() -> None:
+    profiles = load_clockwork_profiles()
+    assert set(profiles) >= {"resnet50", "resnet152", "densenet169"}
+    resnet50 = profiles["resnet50"]
+    assert resnet50.hardware == "gpu"
+    assert resnet50.batch_sizes == (1, 2, 4, 8, 16)
+    assert resnet50.latency_s(1) == pytest.approx(0.00261)
+    assert resnet50.latency_s(16) == pytest.approx(0.01567)
+    # Batching raises a GPU's throughput (Fig. 3): 16 / 15.67 ms vs 1 / 2.61 ms.
+    assert resnet50.throughput_rps(16) > 2.5 * resnet50.throughput_rps(1)
+
+
+def test_clockwork_loader_reads_a_given_file(tmp_path: object) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "table.csv"
+    path.write_text("# note\nmodel,b1_ms,b2_ms\ntiny,1.0,1.5\n")
+    profiles = load_clockwork_profiles(path, hardware="t4", tail_ratio=1.2)
+    assert profiles["tiny"].points[1] == BatchLatency(2, 0.0015, 0.0015 * 1.2, 0.0015)
