@@ -29,6 +29,7 @@ from sloline.spec import (
 
 if TYPE_CHECKING:
     from sloline.planner.profile import PipelineProfile
+    from sloline.planner.session import PlanningSession
 
 EXIT_INVALID = 2
 
@@ -86,12 +87,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sloline.embedded import EmbeddedPipeline, EmbeddedSettings, stage_configs
+    from sloline.embedded import EmbeddedPipeline, EmbeddedSettings, check_models, stage_configs
     from sloline.serving.router import RouterSettings
     from sloline.serving.server import ServerSettings
 
     loaded = load_pipeline(args.file)
-    catalog = load_catalog(args.catalog) if args.catalog else DEFAULT_CATALOG
+    catalog = _catalog(args)
     settings = EmbeddedSettings(
         server=ServerSettings(host=args.host, http_port=args.port, grpc_port=args.grpc_port),
         router=RouterSettings(queue_capacity=args.queue_capacity),
@@ -100,9 +101,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_batch=_assignments(args.max_batch, "--max-batch"),  # type: ignore[arg-type]
         hardware=_assignments(args.hardware, "--hardware", str),  # type: ignore[arg-type]
         log_dir=Path(args.log_dir) if args.log_dir else None,
+        tuner=not args.no_tuner,
     )
-    configs = stage_configs(loaded, settings)
-    return asyncio.run(_serve(EmbeddedPipeline(loaded, settings, configs=configs), args))
+    stage_configs(loaded, settings)  # reject bad flags before spending time on profiling
+    plan = None
+    if not args.no_plan:
+        from sloline.planner.planner import InfeasibleError
+
+        check_models(loaded)
+        try:
+            plan = _plan(args, loaded).plan
+        except InfeasibleError as exc:
+            print(f"error: no plan meets the SLO: {exc}\n(serve anyway with --no-plan)",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        print(plan.to_table())
+    configs = stage_configs(loaded, settings, plan)
+    pipeline = EmbeddedPipeline(loaded, settings, configs=configs, plan=plan)
+    return asyncio.run(_serve(pipeline, args))
 
 
 async def _serve(pipeline: object, args: argparse.Namespace) -> int:
@@ -149,7 +165,9 @@ async def _serve(pipeline: object, args: argparse.Namespace) -> int:
                      Window.of(stats.stage_latency[n].since(now - interval * 5), interval * 5),
                      Window.of(stats.stage_batch[n].since(now - interval * 5), interval * 5))
                  for n in router.queues},
-                [f"{n}: {s.last_error}" for n, s in status.items() if s.last_error],
+                [f"{n}: {s.last_error}" for n, s in status.items() if s.last_error]
+                + [f"tuner {now - t:4.0f}s ago: {d.stage} {d.from_replicas}->{d.to_replicas}: "
+                   f"{d.reason}" for t, d in list(p.tuner.history if p.tuner else [])[-3:]],
             )  # fmt: skip
             if redraw and drawn:
                 sys.stdout.write(f"\x1b[{drawn}F\x1b[J")  # redraw the status block in place
@@ -193,6 +211,45 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(profile.to_dict(), indent=1))
         print(f"profile written to {args.out}")
+    return 0
+
+
+def _plan(args: argparse.Namespace, loaded: LoadedPipeline) -> PlanningSession:
+    from sloline.planner.profiler import ProfilerSettings
+    from sloline.planner.session import plan_pipeline
+
+    settings = ProfilerSettings(
+        hardware=tuple(args.profile_hardware.split(",")) if args.profile_hardware else (),
+        max_batch_cap=args.cap, force=args.force,
+        cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+    )  # fmt: skip
+    return plan_pipeline(loaded, _catalog(args), settings,
+                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))  # fmt: skip
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    import yaml
+
+    from sloline.planner.planner import InfeasibleError
+    from sloline.planner.session import plot_latency_cdf
+
+    loaded = load_pipeline(args.file)
+    try:
+        session = _plan(args, loaded)
+    except InfeasibleError as exc:
+        print(f"error: no plan meets the SLO: {exc}", file=sys.stderr)
+        return 1
+    print(session.plan.to_table())
+    if args.out:
+        data = session.plan.to_dict()
+        text = json.dumps(data, indent=1) if args.out.endswith(".json") else yaml.safe_dump(data)
+        Path(args.out).write_text(text)
+        print(f"plan written to {args.out}")
+    if args.cdf:
+        plot_latency_cdf(session, Path(args.cdf))
+        print(f"latency CDF drawn to {args.cdf}")
     return 0
 
 
@@ -241,12 +298,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", action="append", default=[], metavar="STAGE=N")
     p.add_argument("--max-batch", action="append", default=[], metavar="STAGE=B")
     p.add_argument("--hardware", action="append", default=[], metavar="STAGE=CLASS")
-    p.add_argument("--catalog", help="hardware catalog YAML (default: built-in CPU classes)")
     p.add_argument("--queue-capacity", type=int, default=1024, help="items per stage queue")
     p.add_argument("--log-dir", help="worker logs (default: a new temp dir)")
     p.add_argument("--status-interval", type=float, default=2.0,
                    help="seconds between status lines; 0 = quiet")  # fmt: skip
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
+    p.add_argument("--no-plan", action="store_true",
+                   help="skip profiling/planning: flags, spec overrides or 1 replica, batch 1")  # fmt: skip
+    p.add_argument("--no-tuner", action="store_true", help="keep the planned replica counts")
+    _add_profile_flags(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("worker", help="serve one stage's model to a router (internal)")
@@ -266,6 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the profile as JSON")
     _add_profile_flags(p)
     p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("plan", help="profile (cached) and plan hardware, batch and replicas")
+    p.add_argument("file")
+    p.add_argument("--out", help="write the plan as YAML (or JSON if the name ends .json)")
+    p.add_argument("--cdf", help="draw the estimated latency CDF vs the SLO to this PNG")
+    _add_profile_flags(p)
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("profile-stage", help="time one stage in this process (internal)")
     for flag in ("--pipeline", "--stage", "--inputs", "--out"):

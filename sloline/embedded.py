@@ -24,7 +24,7 @@ from sloline.spec import DEFAULT_CATALOG, HardwareCatalog, LoadedPipeline, Pipel
 from sloline.spec.validate import Issue
 from sloline.planner.plan import Plan
 from sloline.tuner.envelope import StreamingEnvelope, window_sizes
-from sloline.tuner.policy import TunerSettings
+from sloline.tuner.policy import TunerSettings, effective_rhos
 from sloline.tuner.sources import StageTuning, StreamingSource, Tuner
 
 
@@ -52,6 +52,7 @@ class EmbeddedSettings:
     worker_grace_s: float = 10.0
     tuner: bool = True  # run the InferLine tuner when a plan is given
     tuner_interval_s: float = 1.0
+    tuner_overrides: Mapping[str, float] = field(default_factory=dict)  # TunerSettings fields
     max_replicas: int = 8  # per stage, unless the spec sets maxReplicas
 
 
@@ -176,16 +177,19 @@ class EmbeddedPipeline:
 
     def _make_tuner(self, plan: Plan, backend: LocalBackend) -> Tuner:
         spec = {s.name: s for s in self.loaded.pipeline.spec.stages}
+        floors = [spec[s.name].min_replicas or 1 for s in plan.stages]
+        rhos = effective_rhos([s.rho for s in plan.stages],
+                              [s.replicas <= f for s, f in zip(plan.stages, floors, strict=True)])  # fmt: skip
         stages = [
             StageTuning(
                 name=s.name,
-                min_replicas=spec[s.name].min_replicas or 1,
+                min_replicas=floor,
                 max_replicas=spec[s.name].max_replicas or self.settings.max_replicas,
                 scale_factor=s.scale_factor,
                 throughput_rps=s.throughput_rps,
-                max_provisioning_ratio=s.rho,
+                max_provisioning_ratio=rho,
             )
-            for s in plan.stages
+            for s, floor, rho in zip(plan.stages, floors, rhos, strict=True)
             if s.name not in self.settings.replicas and spec[s.name].replicas is None
         ]
         router = self.router
@@ -201,9 +205,11 @@ class EmbeddedPipeline:
             window_base_s=plan.envelope.windows_s[0],
             window_max_s=plan.envelope.windows_s[-1],
             interval_s=self.settings.tuner_interval_s,
+            **self.settings.tuner_overrides,  # type: ignore[arg-type]
         )
         return Tuner(stages=stages, planning_envelope=plan.envelope,
-                     source=StreamingSource(self.envelope), actuator=Actuator(),
+                     source=StreamingSource(self.envelope, lookback_s=settings.envelope_lookback_s),
+                     actuator=Actuator(),
                      settings=settings)  # fmt: skip
 
     async def __aexit__(self, *exc: object) -> None:

@@ -8,12 +8,13 @@ import asyncio
 import subprocess
 import sys
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
 from sloline.embedded import EmbeddedPipeline, EmbeddedSettings
+from sloline.planner.plan import Plan
 from sloline.serving.router import RouterSettings
 from sloline.serving.server import ServerSettings
 from sloline.spec import load_pipeline
@@ -21,6 +22,7 @@ from sloline.spec import load_pipeline
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 NOOP = ROOT / "tests" / "support" / "pipelines" / "noop" / "pipeline.yaml"
+SLEEPY = ROOT / "tests" / "support" / "pipelines" / "sleepy" / "pipeline.yaml"
 T = TypeVar("T")
 
 
@@ -41,13 +43,17 @@ class BackgroundPipeline:
         router: RouterSettings | None = None,
         max_body_bytes: int = 64 * 1024 * 1024,
         ready_timeout_s: float = 60.0,
+        plan: Plan | None = None,
+        tuner: Mapping[str, float] | None = None,
     ) -> None:
         self.settings = EmbeddedSettings(
             server=ServerSettings(http_port=0, grpc_port=0, max_body_bytes=max_body_bytes),
             router=router or RouterSettings(),
             replicas=replicas or {},
             max_batch=max_batch or {},
+            tuner_overrides=tuner or {},
         )
+        self.plan = plan
         self.loaded = load_pipeline(path)
         self.ready_timeout_s = ready_timeout_s
         self.loop = asyncio.new_event_loop()
@@ -62,7 +68,7 @@ class BackgroundPipeline:
         self.thread.start()
 
         async def start() -> EmbeddedPipeline:
-            pipeline = EmbeddedPipeline(self.loaded, self.settings)
+            pipeline = EmbeddedPipeline(self.loaded, self.settings, plan=self.plan)
             await pipeline.__aenter__()
             await pipeline.wait_ready(self.ready_timeout_s)
             return pipeline

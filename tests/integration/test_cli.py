@@ -1,0 +1,101 @@
+"""The `sloline` command as a user runs it: exit codes, messages, shutdown, no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.integration.test_examples_served import free_port, wait_ready
+from tests.support.serve import NOOP
+
+
+def sloline(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sloline", *args], capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+
+
+def test_validate_ok_and_invalid_files(tmp_path: Path) -> None:
+    ok = sloline("validate", str(NOOP))
+    assert ok.returncode == 0 and "s1 -> s2 -> s3" in ok.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(NOOP.read_text().replace("from: s1.x", "from: s9.x").replace("output: s3", "output: nope"))
+    result = sloline("validate", str(bad))
+    assert result.returncode == 2
+    assert "spec.stages[1].inputs[0].from" in result.stderr
+    assert "spec.output: no stage named 'nope'" in result.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed")
+    result = sloline("validate", str(broken))
+    assert result.returncode == 2 and "not valid YAML" in result.stderr
+    missing = sloline("validate", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_run_rejects_bad_flags_with_exit_2() -> None:
+    result = sloline("run", str(NOOP), "--replicas", "ghost=2")
+    assert result.returncode == 2 and "--replicas: no stage named 'ghost'" in result.stderr
+    result = sloline("run", str(NOOP), "--max-batch", "s1=zero")
+    assert result.returncode == 2 and "not a valid int" in result.stderr
+
+
+def test_missing_model_file_says_how_to_build(tmp_path: Path) -> None:
+    folder = tmp_path / "p"
+    folder.mkdir()
+    (folder / "pipeline.yaml").write_text(
+        NOOP.read_text().replace('{runtime: python, entrypoint: "noop_stages:identity"}',
+                                 "{runtime: onnx, uri: models/m.onnx}", 1)
+    )  # fmt: skip
+    (folder / "build.py").write_text("")
+    result = sloline("run", str(folder / "pipeline.yaml"), "--no-plan")
+    assert result.returncode == 2
+    assert "models/m.onnx does not exist; build it with: python" in result.stderr
+
+
+def _run(port: int, grpc_port: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "sloline", "run", str(NOOP), "--port", str(port),
+         "--grpc-port", str(grpc_port), "--replicas", "s2=2", "--status-interval", "0.5",
+         "--no-plan"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def _workers(parent: int) -> list[psutil.Process]:
+    return psutil.Process(parent).children(recursive=True)
+
+
+def _gone(pids: list[int], timeout_s: float = 15) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                   for p in pids):  # fmt: skip
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_ctrl_c_and_parent_crash_leave_no_workers() -> None:
+    http_port, grpc_port = free_port(), free_port()
+    process = _run(http_port, grpc_port)
+    wait_ready(f"127.0.0.1:{http_port}", process)
+    pids = [p.pid for p in _workers(process.pid)]
+    assert len(pids) == 4
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=30)[0]
+    assert process.returncode == 0, output
+    assert "stopping: draining" in output and "s2" in output
+    assert _gone(pids)
+
+    http_port, grpc_port = free_port(), free_port()
+    process = _run(http_port, grpc_port)
+    wait_ready(f"127.0.0.1:{http_port}", process)
+    pids = [p.pid for p in _workers(process.pid)]
+    os.kill(process.pid, signal.SIGKILL)
+    process.communicate(timeout=10)
+    assert _gone(pids), "workers outlived a crashed parent"

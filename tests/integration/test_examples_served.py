@@ -1,0 +1,144 @@
+"""The two examples served end to end by the real embedded stack, queried with the real
+tritonclient HTTP and gRPC clients, checked against the in-process pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+
+from sloline.serving.inprocess import InProcessPipeline
+from sloline.serving.router import RouterSettings
+from sloline.spec import load_pipeline
+from tests.support.serve import EXAMPLES, BackgroundPipeline, build_example
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, process: subprocess.Popen[str], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[0]
+        try:
+            with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("sloline run did not become ready")
+
+
+@pytest.fixture(scope="module")
+def digits_module():
+    build_example("digits-cascade")
+    sys.path.insert(0, str(EXAMPLES / "digits-cascade"))
+    try:
+        yield importlib.import_module("digits_stages")
+    finally:
+        sys.path.remove(str(EXAMPLES / "digits-cascade"))
+
+
+def test_digits_cascade_via_cli_with_tritonclient(
+    digits_module, record_property, tmp_path: Path
+) -> None:
+    """`sloline run` (the README's command: profile, plan, serve) serves the cascade; HTTP
+    and gRPC clients get the test split's predictions; the cascade is at least as accurate
+    as the fast model."""
+    x_test, y_test = digits_module.labelled_test_split()
+    http_port, grpc_port = free_port(), free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sloline", "run", str(EXAMPLES / "digits-cascade" / "pipeline.yaml"),
+         "--port", str(http_port), "--grpc-port", str(grpc_port), "--status-interval", "0",
+         "--cache-dir", str(tmp_path / "profiles")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_ready(f"127.0.0.1:{http_port}", process, timeout_s=240)
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        labels = {}
+        for proto, client, mod in (("http", http, httpclient), ("grpc", grpc, grpcclient)):
+            predicted = []
+            for row in x_test:
+                pixels = mod.InferInput("pixels", [1, 64], "FP32")
+                pixels.set_data_from_numpy(row[None].astype(np.float32))
+                out = client.infer("digits-cascade", [pixels])
+                assert out.as_numpy("probabilities").shape == (1, 10)
+                predicted.append(int(out.as_numpy("label").ravel()[0]))
+            labels[proto] = np.array(predicted)
+        assert (labels["http"] == labels["grpc"]).all()
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=30)[0]
+    assert process.returncode == 0, output
+
+    cascade_accuracy = float((labels["http"] == y_test).mean())
+    fast = ort.InferenceSession(str(EXAMPLES / "digits-cascade" / "models" / "fast.onnx"))
+    features = digits_module.scale(x_test)
+    fast_probs = fast.run(None, {"features": features})[-1]
+    fast_accuracy = float((fast_probs.argmax(axis=1) == y_test).mean())
+
+    def items(stage: str) -> float:
+        m = re.search(rf'^sloline_stage_batch_size_sum\{{pipeline="digits-cascade",stage="{stage}"\}} (\S+)$', metrics, re.M)
+        assert m, f"no batch-size sum for {stage}"
+        return float(m.group(1))
+
+    reached = items("accurate") / items("fast")
+    record_property("cascade_accuracy", cascade_accuracy)
+    record_property("fast_accuracy", fast_accuracy)
+    record_property("fraction_reaching_accurate", reached)
+    print(f"\ndigits-cascade: cascade accuracy {cascade_accuracy:.4f}, fast model "
+          f"{fast_accuracy:.4f}, {reached:.1%} of requests reached the accurate model")  # fmt: skip
+    assert items("fast") == 2 * len(x_test)
+    assert cascade_accuracy >= fast_accuracy
+    assert 0.0 < reached < 0.5
+
+
+def test_image_ensemble_1000_concurrent_requests_match_in_process() -> None:
+    path = build_example("image-ensemble")
+    loaded = load_pipeline(path)
+    rng = np.random.default_rng(7)
+    images = rng.integers(0, 256, size=(1000, 64, 64, 3), dtype=np.uint8)
+    reference = InProcessPipeline(loaded).infer_many([{"image": im} for im in images],
+                                                     max_batch={"small": 8, "medium": 8, "large": 8})  # fmt: skip
+    batches = {"preprocess": 16, "small": 8, "medium": 8, "large": 8, "pick": 16}
+    with BackgroundPipeline(path, max_batch=batches,
+                            router=RouterSettings(queue_capacity=2048)) as served:  # fmt: skip
+
+        async def fire() -> list[grpcaio.InferResult]:
+            async with grpcaio.InferenceServerClient(served.grpc_url) as client:
+                async def one(i: int) -> grpcaio.InferResult:
+                    image = grpcaio.InferInput("image", [1, 64, 64, 3], "UINT8")
+                    image.set_data_from_numpy(images[i][None])
+                    return await client.infer("image-ensemble", [image], request_id=str(i),
+                                              parameters={"timeout_ms": 300_000})  # fmt: skip
+                return await asyncio.gather(*(one(i) for i in range(len(images))))
+
+        results = asyncio.run(fire())
+    assert len(results) == 1000
+    for i, result in enumerate(results):
+        assert result.get_response().id == str(i)
+        probs = result.as_numpy("probabilities")[0]
+        np.testing.assert_allclose(probs, reference[i]["probabilities"], rtol=1e-4, atol=1e-5)
+        if np.sort(probs)[-1] - np.sort(probs)[-2] > 1e-4:
+            assert int(result.as_numpy("label").ravel()[0]) == int(reference[i]["label"].ravel()[0])

@@ -1,0 +1,86 @@
+"""The tuner live on the embedded stack: a load step from the planned rate to 2x is
+detected from the traffic envelope and answered with more replicas; P99 recovers; the
+load drop is answered with fewer replicas after stabilisation; no request is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.utils import InferenceServerException
+
+from sloline.planner.profiler import ProfilerSettings
+from sloline.planner.session import plan_pipeline
+from sloline.spec import DEFAULT_CATALOG, load_pipeline
+from tests.support.serve import SLEEPY, BackgroundPipeline
+
+PHASES = [(30.0, 8.0), (60.0, 16.0), (12.0, 16.0)]  # (rate rps, seconds): plan, 2x, drop
+
+
+async def open_loop(url: str, phases: list[tuple[float, float]], seed: int = 0):
+    """Poisson arrivals phase by phase; returns (send time, latency or None, error)."""
+    rng = np.random.default_rng(seed)
+    results: list[tuple[float, float | None, str]] = []
+    tasks = []
+    async with grpcaio.InferenceServerClient(url) as client:
+        async def one(sent: float) -> None:
+            x = grpcaio.InferInput("x", [4], "FP32")
+            x.set_data_from_numpy(np.ones(4, np.float32))
+            try:
+                await client.infer("sleepy", [x], parameters={"timeout_ms": 30_000})
+                results.append((sent, time.monotonic() - sent, ""))
+            except InferenceServerException as exc:
+                results.append((sent, None, str(exc)))
+
+        start = time.monotonic()
+        t = 0.0
+        for rate, duration in phases:
+            end = t + duration
+            while (t := t + rng.exponential(1.0 / rate)) < end:
+                await asyncio.sleep(max(0.0, start + t - time.monotonic()))
+                tasks.append(asyncio.create_task(one(time.monotonic())))
+            t = end
+        await asyncio.gather(*tasks)
+    return start, results
+
+
+def test_load_step_scales_up_then_down(tmp_path: Path, record_property) -> None:
+    loaded = load_pipeline(SLEEPY)
+    session = plan_pipeline(loaded, DEFAULT_CATALOG,
+                            ProfilerSettings(max_batch_cap=4, cache_dir=tmp_path))  # fmt: skip
+    planned = session.plan.stage("slow").replicas
+    tuner = {"stabilization_s": 4.0, "lambda_window_s": 1.0, "lambda_lookback_s": 4.0,
+             "envelope_lookback_s": 6.0}
+    with BackgroundPipeline(SLEEPY, plan=session.plan, tuner=tuner) as served:
+        start, results = asyncio.run(open_loop(served.grpc_url, PHASES))
+        history = list(served.p.tuner.history) if served.p.tuner else []
+    step_at = start + PHASES[0][1]
+    drop_at = step_at + PHASES[1][1]
+    ups = [(t, d) for t, d in history if d.stage == "slow" and d.to_replicas > d.from_replicas]
+    downs = [(t, d) for t, d in history if d.stage == "slow" and d.to_replicas < d.from_replicas]
+    sent = len(results)
+    failed = [r for r in results if r[1] is None]
+    assert sent > 600 and not failed, failed[:3]
+    assert ups, f"no scale-up after the step; decisions: {history}"
+    first_up = min(t for t, _ in ups if t >= step_at - 1.0)
+    assert first_up - step_at < 5.0
+    assert max(d.to_replicas for _, d in ups) > planned
+
+    # P99 over 1 s windows of send time: restored when it stays under the SLO.
+    slo_s = session.plan.slo_s
+    windows: dict[int, list[float]] = {}
+    for sent_at, latency, _ in results:
+        windows.setdefault(int(sent_at - start), []).append(latency or 0.0)
+    bad = [w for w, lat in windows.items()
+           if start + w >= step_at and np.percentile(lat, 99) > slo_s]  # fmt: skip
+    restored_at = start + (max(bad) + 1 if bad else int(step_at - start))
+    assert downs and min(t for t, _ in downs) > drop_at, f"no scale-down after the drop: {history}"
+    record_property("step_to_decision_s", first_up - step_at)
+    record_property("step_to_restored_p99_s", max(0.0, restored_at - step_at))
+    print(f"\nplanned {planned} replica(s) of 'slow'; step at +{PHASES[0][1]:.0f}s -> scale-up "
+          f"decided after {first_up - step_at:.2f}s ({ups[0][1].reason}); P99 back under the SLO "
+          f"{max(0.0, restored_at - step_at):.0f}s after the step; scale-down "
+          f"{min(t for t, _ in downs) - drop_at:.1f}s after the drop; {sent} requests, 0 lost")  # fmt: skip
