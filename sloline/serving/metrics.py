@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from sloline.tuner.envelope import window_label
+
 # Latency buckets from 1 ms to 30 s, dense around typical SLOs.
 LATENCY_BUCKETS_S = (
     0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
@@ -122,5 +124,5 @@ class StateCollector(Collector):
             labels=["pipeline", "window_s"],
         )  # fmt: skip
         for window_s, rate in self._envelope().items():
-            envelope.add_metric([p, f"{window_s:g}"], rate)
+            envelope.add_metric([p, window_label(window_s)], rate)
         return [queue, replicas, cost, envelope]

@@ -45,6 +45,7 @@ class BackgroundPipeline:
         ready_timeout_s: float = 60.0,
         plan: Plan | None = None,
         tuner: Mapping[str, float] | None = None,
+        run_tuner: bool = True,
     ) -> None:
         self.settings = EmbeddedSettings(
             server=ServerSettings(http_port=0, grpc_port=0, max_body_bytes=max_body_bytes),
@@ -52,6 +53,7 @@ class BackgroundPipeline:
             replicas=replicas or {},
             max_batch=max_batch or {},
             tuner_overrides=tuner or {},
+            tuner=run_tuner,
         )
         self.plan = plan
         self.loaded = load_pipeline(path)

@@ -1,0 +1,61 @@
+"""The tuner's Prometheus source, against a real Prometheus scraping the router, yields the
+same decisions as the router's in-process feed on the same traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+from sloline.planner.profiler import ProfilerSettings
+from sloline.planner.session import plan_pipeline
+from sloline.spec import DEFAULT_CATALOG, load_pipeline
+from sloline.tuner.policy import StageState, TunerContext, TunerSettings, decide
+from sloline.tuner.sources import PrometheusSource, StreamingSource
+from tests.integration.test_examples_served import free_port
+from tests.integration.test_tuner_live import open_loop
+from tests.support.prometheus import Prometheus
+from tests.support.serve import SLEEPY, BackgroundPipeline
+
+LOOKBACK_S = 20.0
+
+
+def test_prometheus_source_matches_live_feed(tmp_path: Path) -> None:
+    loaded = load_pipeline(SLEEPY)
+    plan = plan_pipeline(loaded, DEFAULT_CATALOG,
+                         ProfilerSettings(max_batch_cap=4, cache_dir=tmp_path)).plan  # fmt: skip
+    windows = plan.envelope.windows_s
+    settings = TunerSettings(window_base_s=windows[0], window_max_s=windows[-1])
+    stages = tuple(StageState(s.name, s.replicas, s.replicas, 1, 8, s.scale_factor,
+                              s.throughput_rps, max(s.rho, 0.5)) for s in plan.stages)  # fmt: skip
+
+    def decisions(observation, now_s: float) -> dict[str, int]:
+        context = TunerContext(now_s, stages, plan.envelope, observation.observed_envelope,
+                               observation.recent_lambdas_rps, last_change_s=now_s)  # fmt: skip
+        return {d.stage: d.to_replicas for d in decide(context, settings).decisions}
+
+    with BackgroundPipeline(SLEEPY, plan=plan, run_tuner=False) as served:
+        prometheus = Prometheus(tmp_path, [served.http_url], free_port())
+        try:
+            prometheus.wait_ready()
+            live = StreamingSource(served.p.envelope, lookback_s=LOOKBACK_S)
+            remote = PrometheusSource(prometheus.url, "sleepy", windows_s=windows,
+                                      lookback_s=LOOKBACK_S - 1.0)  # fmt: skip
+            load = threading.Thread(target=lambda: asyncio.run(
+                open_loop(served.grpc_url, [(25.0, 8.0), (70.0, 10.0), (25.0, 6.0)])))  # fmt: skip
+            started = time.monotonic()
+            load.start()
+            compared = []
+            for at in (6.0, 14.0, 17.0, 22.0):  # before, during and after the burst
+                time.sleep(max(0.0, started + at - time.monotonic()))
+                now = served.p.router.clock()
+                mine = decisions(served.call(live.observe(now)), now)
+                theirs = decisions(asyncio.run(remote.observe(now)), now)
+                compared.append((now, mine, theirs))
+            load.join(60)
+        finally:
+            prometheus.stop()
+    for _, mine, theirs in compared:
+        assert mine == theirs, compared
+    assert any(mine for _, mine, _ in compared), f"the burst triggered no decision: {compared}"
