@@ -55,9 +55,11 @@ def _assignments(values: Sequence[str], flag: str, kind: type = int) -> dict[str
 def cmd_validate(args: argparse.Namespace) -> int:
     loaded = load_pipeline(args.file)
     spec = loaded.pipeline.spec
-    print(f"ok: pipeline {loaded.name!r}: {len(spec.stages)} stages "
-          f"({' -> '.join(loaded.graph.order)}), output {spec.output!r}, "
-          f"SLO p{spec.slo.percentile:g} {spec.slo.latency_ms:g} ms")  # fmt: skip
+    print(
+        f"ok: pipeline {loaded.name!r}: {len(spec.stages)} stages "
+        f"({' -> '.join(loaded.graph.order)}), output {spec.output!r}, "
+        f"SLO p{spec.slo.percentile:g} {spec.slo.latency_ms:g} ms"
+    )
     return 0
 
 
@@ -78,12 +80,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from sloline.model_server.worker import WorkerSettings
     from sloline.model_server.worker import main as worker_main
 
-    return worker_main(WorkerSettings(
-        pipeline_file=Path(args.pipeline), stage=args.stage, router=args.router,
-        threads=args.threads, cuda_device=args.cuda_device, hardware=args.hardware,
-        worker_id=args.worker_id, parent_pid=args.parent_pid,
-        cpus=tuple(int(c) for c in args.cpus.split(",")) if args.cpus else (),
-    ))  # fmt: skip
+    return worker_main(
+        WorkerSettings(
+            pipeline_file=Path(args.pipeline),
+            stage=args.stage,
+            router=args.router,
+            threads=args.threads,
+            cuda_device=args.cuda_device,
+            hardware=args.hardware,
+            worker_id=args.worker_id,
+            parent_pid=args.parent_pid,
+            cpus=tuple(int(c) for c in args.cpus.split(",")) if args.cpus else (),
+        )
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -112,8 +121,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             plan = _plan(args, loaded).plan
         except InfeasibleError as exc:
-            print(f"error: no plan meets the SLO: {exc}\n(serve anyway with --no-plan)",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"error: no plan meets the SLO: {exc}\n(serve anyway with --no-plan)",
+                file=sys.stderr,
+            )
             return 1
         print(plan.to_table())
     configs = stage_configs(loaded, settings, plan)
@@ -133,15 +144,23 @@ async def _serve(pipeline: object, args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     async with pipeline as p:
         spec = p.loaded.pipeline.spec
-        print(f"sloline {__version__}: serving pipeline {p.loaded.name!r} "
-              f"(SLO p{spec.slo.percentile:g} {spec.slo.latency_ms:g} ms)")  # fmt: skip
+        print(
+            f"sloline {__version__}: serving pipeline {p.loaded.name!r} "
+            f"(SLO p{spec.slo.percentile:g} {spec.slo.latency_ms:g} ms)"
+        )
         for name, config in p.configs.items():
-            print(f"  stage {name}: {config.replicas} x {config.hardware}, "
-                  f"max batch {config.max_batch}")  # fmt: skip
-        print(f"  HTTP  http://{p.http_url}/v2/models/{p.loaded.name}/infer\n"
-              f"  gRPC  {p.grpc_url}  (GRPCInferenceService, model {p.loaded.name!r})\n"
-              f"  metrics http://{p.http_url}/metrics   worker logs {p.backend.log_dir if p.backend else ''}\n"
-              "  Ctrl-C to stop", flush=True)  # fmt: skip
+            print(
+                f"  stage {name}: {config.replicas} x {config.hardware}, "
+                f"max batch {config.max_batch}"
+            )
+        print(
+            f"  HTTP  http://{p.http_url}/v2/models/{p.loaded.name}/infer\n"
+            f"  gRPC  {p.grpc_url}  (GRPCInferenceService, model {p.loaded.name!r})\n"
+            f"  metrics http://{p.http_url}/metrics\n"
+            f"  worker logs {p.backend.log_dir if p.backend else '-'}\n"
+            "  Ctrl-C to stop",
+            flush=True,
+        )
         started = time.monotonic()
         interval = args.status_interval
         redraw = sys.stdout.isatty()
@@ -158,17 +177,27 @@ async def _serve(pipeline: object, args: argparse.Namespace) -> int:
             status = p.backend.status() if p.backend else {}
             replicas = router.replicas()
             text = render_status(
-                p.loaded.name, spec.slo.latency_ms,
+                p.loaded.name,
+                spec.slo.latency_ms,
                 Window.of(stats.latency.since(now - interval * 5), interval * 5),
                 stats.attainment(now, 60.0, router.slo_s),
-                {n: (status[n], replicas[n][1], len(router.queues[n]),
-                     Window.of(stats.stage_latency[n].since(now - interval * 5), interval * 5),
-                     Window.of(stats.stage_batch[n].since(now - interval * 5), interval * 5))
-                 for n in router.queues},
+                {
+                    n: (
+                        status[n],
+                        replicas[n][1],
+                        len(router.queues[n]),
+                        Window.of(stats.stage_latency[n].since(now - interval * 5), interval * 5),
+                        Window.of(stats.stage_batch[n].since(now - interval * 5), interval * 5),
+                    )
+                    for n in router.queues
+                },
                 [f"{n}: {s.last_error}" for n, s in status.items() if s.last_error]
-                + [f"tuner {now - t:4.0f}s ago: {d.stage} {d.from_replicas}->{d.to_replicas}: "
-                   f"{d.reason}" for t, d in list(p.tuner.history if p.tuner else [])[-3:]],
-            )  # fmt: skip
+                + [
+                    f"tuner {now - t:4.0f}s ago: {d.stage} {d.from_replicas}->{d.to_replicas}: "
+                    f"{d.reason}"
+                    for t, d in list(p.tuner.history if p.tuner else [])[-3:]
+                ],
+            )
             if redraw and drawn:
                 sys.stdout.write(f"\x1b[{drawn}F\x1b[J")  # redraw the status block in place
             print(text, flush=True)
@@ -186,14 +215,22 @@ def _profile(args: argparse.Namespace, loaded: LoadedPipeline) -> PipelineProfil
 
     settings = ProfilerSettings(
         hardware=tuple(args.profile_hardware.split(",")) if args.profile_hardware else (),
-        max_batch_cap=args.cap, force=args.force,
+        max_batch_cap=args.cap,
+        force=args.force,
         cache_dir=Path(args.cache_dir) if args.cache_dir else None,
-    )  # fmt: skip
+    )
     if loaded.pipeline.spec.samples is None:
-        print("warning: the pipeline declares no spec.samples; profiling with zero inputs "
-              "(scale factors of conditional stages will be wrong)", file=sys.stderr)  # fmt: skip
-    return profile_pipeline(loaded, _catalog(args), settings,
-                            progress=lambda msg: print(msg, file=sys.stderr, flush=True))  # fmt: skip
+        print(
+            "warning: the pipeline declares no spec.samples; profiling with zero inputs "
+            "(scale factors of conditional stages will be wrong)",
+            file=sys.stderr,
+        )
+    return profile_pipeline(
+        loaded,
+        _catalog(args),
+        settings,
+        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -205,8 +242,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(f"{'stage':<16}{'hardware':<12}{'s_m':>6}  batch: p50 ms (p99 ms)")
     for stage, per_hw in profile.stages.items():
         for hw, prof in per_hw.items():
-            cells = "  ".join(f"{p.batch_size}: {p.p50_s * 1000:.2f} ({p.p99_s * 1000:.2f})"
-                              for p in prof.points)  # fmt: skip
+            cells = "  ".join(
+                f"{p.batch_size}: {p.p50_s * 1000:.2f} ({p.p99_s * 1000:.2f})" for p in prof.points
+            )
             print(f"{stage:<16}{hw:<12}{profile.scale_factors[stage]:>6.2f}  {cells}")
     if args.out:
         Path(args.out).write_text(json.dumps(profile.to_dict(), indent=1))
@@ -220,11 +258,16 @@ def _plan(args: argparse.Namespace, loaded: LoadedPipeline) -> PlanningSession:
 
     settings = ProfilerSettings(
         hardware=tuple(args.profile_hardware.split(",")) if args.profile_hardware else (),
-        max_batch_cap=args.cap, force=args.force,
+        max_batch_cap=args.cap,
+        force=args.force,
         cache_dir=Path(args.cache_dir) if args.cache_dir else None,
-    )  # fmt: skip
-    return plan_pipeline(loaded, _catalog(args), settings,
-                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))  # fmt: skip
+    )
+    return plan_pipeline(
+        loaded,
+        _catalog(args),
+        settings,
+        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -261,23 +304,32 @@ def cmd_profile_stage(args: argparse.Namespace) -> int:
 
     if args.cpus:
         os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])
-    points = measure_stage(Path(args.pipeline), args.stage, Path(args.inputs),
-                           threads=args.threads, cap=args.cap, repeats=args.repeats,
-                           budget_s=args.budget_s)  # fmt: skip
+    points = measure_stage(
+        Path(args.pipeline),
+        args.stage,
+        Path(args.inputs),
+        threads=args.threads,
+        cap=args.cap,
+        repeats=args.repeats,
+        budget_s=args.budget_s,
+    )
     Path(args.out).write_text(json.dumps([p.to_dict() for p in points]))
     return 0
 
 
 def _add_profile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--catalog", help="hardware catalog YAML (default: built-in CPU classes)")
-    p.add_argument("--profile-hardware", default="",
-                   help="classes to profile, comma-separated (default: the allowed ones)")  # fmt: skip
+    p.add_argument(
+        "--profile-hardware",
+        default="",
+        help="classes to profile, comma-separated (default: the allowed ones)",
+    )
     p.add_argument("--cap", type=int, default=32, help="largest batch size profiled")
     p.add_argument("--force", action="store_true", help="re-profile even when cached")
     p.add_argument("--cache-dir", help="profile cache (default ~/.cache/sloline/profiles)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per flag
     parser = argparse.ArgumentParser(
         prog="sloline",
         description="Serve multi-model prediction pipelines under a tail-latency SLO.",
@@ -300,11 +352,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hardware", action="append", default=[], metavar="STAGE=CLASS")
     p.add_argument("--queue-capacity", type=int, default=1024, help="items per stage queue")
     p.add_argument("--log-dir", help="worker logs (default: a new temp dir)")
-    p.add_argument("--status-interval", type=float, default=2.0,
-                   help="seconds between status lines; 0 = quiet")  # fmt: skip
+    p.add_argument(
+        "--status-interval", type=float, default=2.0, help="seconds between status lines; 0 = quiet"
+    )
     p.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
-    p.add_argument("--no-plan", action="store_true",
-                   help="skip profiling/planning: flags, spec overrides or 1 replica, batch 1")  # fmt: skip
+    p.add_argument(
+        "--no-plan",
+        action="store_true",
+        help="skip profiling/planning: flags, spec overrides or 1 replica, batch 1",
+    )
     p.add_argument("--no-tuner", action="store_true", help="keep the planned replica counts")
     _add_profile_flags(p)
     p.set_defaults(func=cmd_run)

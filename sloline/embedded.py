@@ -18,15 +18,14 @@ from prometheus_client import CollectorRegistry
 
 from sloline.backends.base import ReplicaStatus
 from sloline.backends.local import LocalBackend, StageLaunch
+from sloline.planner.plan import Plan
 from sloline.serving.router import Router, RouterSettings
 from sloline.serving.server import RouterServer, ServerSettings
 from sloline.spec import DEFAULT_CATALOG, HardwareCatalog, LoadedPipeline, PipelineError
 from sloline.spec.validate import Issue
-from sloline.planner.plan import Plan
 from sloline.tuner.envelope import StreamingEnvelope, window_sizes
 from sloline.tuner.policy import TunerSettings, effective_rhos
 from sloline.tuner.sources import StageTuning, StreamingSource, Tuner
-
 
 # The envelope gauges report the max over this look-back; Prometheus adds its own
 # max_over_time on top, so keep it near a scrape interval.
@@ -64,8 +63,12 @@ def check_models(loaded: LoadedPipeline) -> None:
             hint = ""
             if (loaded.base_dir / "build.py").exists():
                 hint = f"; build it with: python {loaded.base_dir / 'build.py'}"
-            issues.append(Issue(f"spec.stages[{i}].model.uri",
-                                f"file {loaded.resolve(stage.model.uri)} does not exist{hint}"))  # fmt: skip
+            issues.append(
+                Issue(
+                    f"spec.stages[{i}].model.uri",
+                    f"file {loaded.resolve(stage.model.uri)} does not exist{hint}",
+                )
+            )
     if issues:
         raise PipelineError(issues, f"pipeline {loaded.name!r}")
 
@@ -77,19 +80,29 @@ def stage_configs(
     replica, batch 1, the first allowed hardware class."""
     spec = loaded.pipeline.spec
     allowed = spec.hardware or settings.catalog.names()
-    issues = [Issue("spec.hardware", f"class {name!r} is not in the catalog "
-                    f"({settings.catalog.names()})") for name in allowed
-              if name not in settings.catalog.names()]  # fmt: skip
-    for flag, values in (("--replicas", settings.replicas), ("--max-batch", settings.max_batch),
-                         ("--hardware", settings.hardware)):  # fmt: skip
-        issues += [Issue(flag, f"no stage named {name!r}") for name in values
-                   if name not in loaded.graph.stages]  # fmt: skip
+    issues = [
+        Issue("spec.hardware", f"class {name!r} is not in the catalog ({settings.catalog.names()})")
+        for name in allowed
+        if name not in settings.catalog.names()
+    ]
+    for flag, values in (
+        ("--replicas", settings.replicas),
+        ("--max-batch", settings.max_batch),
+        ("--hardware", settings.hardware),
+    ):
+        issues += [
+            Issue(flag, f"no stage named {name!r}")
+            for name in values
+            if name not in loaded.graph.stages
+        ]
     configs = {}
     planned = {s.name: s for s in plan.stages} if plan else {}
     for i, stage in enumerate(spec.stages):
         base = planned.get(stage.name)
-        hw = settings.hardware.get(stage.name) or stage.hardware or (
-            base.hardware if base else allowed[0]
+        hw = (
+            settings.hardware.get(stage.name)
+            or stage.hardware
+            or (base.hardware if base else allowed[0])
         )
         if hw not in settings.catalog.names():
             issues.append(Issue(f"spec.stages[{i}].hardware", f"unknown hardware class {hw!r}"))
@@ -146,8 +159,11 @@ class EmbeddedPipeline:
             clock=clock,
             on_arrival=self.envelope.observe,
             envelope=lambda: dict(
-                zip(self.envelope.windows_s, self.envelope.rates(clock(), ENVELOPE_GAUGE_LOOKBACK_S),
-                    strict=True)
+                zip(
+                    self.envelope.windows_s,
+                    self.envelope.rates(clock(), ENVELOPE_GAUGE_LOOKBACK_S),
+                    strict=True,
+                )
             ),
             cost_per_hour=lambda: {
                 n: catalog.get(c.hardware).cost_per_hour * d
@@ -164,8 +180,10 @@ class EmbeddedPipeline:
         self.backend = LocalBackend(
             self.loaded.file,
             f"{host}:{self.server.grpc_port}",
-            [StageLaunch(n, self.settings.catalog.get(c.hardware), c.replicas)
-             for n, c in self.configs.items()],  # fmt: skip
+            [
+                StageLaunch(n, self.settings.catalog.get(c.hardware), c.replicas)
+                for n, c in self.configs.items()
+            ],
             log_dir=log_dir,
             grace_s=self.settings.worker_grace_s,
         )
@@ -178,8 +196,10 @@ class EmbeddedPipeline:
     def _make_tuner(self, plan: Plan, backend: LocalBackend) -> Tuner:
         spec = {s.name: s for s in self.loaded.pipeline.spec.stages}
         floors = [spec[s.name].min_replicas or 1 for s in plan.stages]
-        rhos = effective_rhos([s.rho for s in plan.stages],
-                              [s.replicas <= f for s, f in zip(plan.stages, floors, strict=True)])  # fmt: skip
+        rhos = effective_rhos(
+            [s.rho for s in plan.stages],
+            [s.replicas <= f for s, f in zip(plan.stages, floors, strict=True)],
+        )
         stages = [
             StageTuning(
                 name=s.name,
@@ -207,10 +227,13 @@ class EmbeddedPipeline:
             interval_s=self.settings.tuner_interval_s,
             **self.settings.tuner_overrides,  # type: ignore[arg-type]
         )
-        return Tuner(stages=stages, planning_envelope=plan.envelope,
-                     source=StreamingSource(self.envelope, lookback_s=settings.envelope_lookback_s),
-                     actuator=Actuator(),
-                     settings=settings)  # fmt: skip
+        return Tuner(
+            stages=stages,
+            planning_envelope=plan.envelope,
+            source=StreamingSource(self.envelope, lookback_s=settings.envelope_lookback_s),
+            actuator=Actuator(),
+            settings=settings,
+        )
 
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
@@ -224,8 +247,10 @@ class EmbeddedPipeline:
                 return
             if time.monotonic() > deadline:
                 errors = {n: s.last_error for n, s in self.backend_status().items() if s.last_error}
-                raise TimeoutError(f"workers not ready after {timeout_s:.0f}s: {replicas}; "
-                                   f"errors: {errors or 'none'}")  # fmt: skip
+                raise TimeoutError(
+                    f"workers not ready after {timeout_s:.0f}s: {replicas}; "
+                    f"errors: {errors or 'none'}"
+                )
             await asyncio.sleep(0.05)
 
     def backend_status(self) -> dict[str, ReplicaStatus]:

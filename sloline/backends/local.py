@@ -27,6 +27,7 @@ from sloline.spec import HardwareClass
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True, slots=True)
 class StageLaunch:
     """How to start one stage's workers."""
@@ -93,8 +94,9 @@ class LocalBackend:
 
     def status(self) -> dict[str, ReplicaStatus]:
         return {
-            name: ReplicaStatus(s.desired, sum(not r.stopping for r in s.replicas), s.restarts,
-                                s.last_error)  # fmt: skip
+            name: ReplicaStatus(
+                s.desired, sum(not r.stopping for r in s.replicas), s.restarts, s.last_error
+            )
             for name, s in self._stages.items()
         }
 
@@ -117,8 +119,11 @@ class LocalBackend:
             await asyncio.sleep(0.02)
         for replica in replicas:
             if replica.process.poll() is None:
-                log.warning("worker pid %d ignored SIGTERM for %.0fs; killing",
-                            replica.process.pid, self.grace_s)  # fmt: skip
+                log.warning(
+                    "worker pid %d ignored SIGTERM for %.0fs; killing",
+                    replica.process.pid,
+                    self.grace_s,
+                )
                 replica.process.kill()
                 replica.process.wait()
         for stage in self._stages.values():
@@ -130,22 +135,41 @@ class LocalBackend:
         self._counter += 1
         log_path = self.log_dir / f"{stage.launch.stage}-{self._counter}.log"
         cmd = [
-            sys.executable, "-m", "sloline", "worker",
-            "--pipeline", str(self.pipeline_file), "--stage", stage.launch.stage,
-            "--router", self.router_address, "--threads", str(hw.embedded.threads),
-            "--hardware", hw.name, "--worker-id", f"{stage.launch.stage}-{self._counter}",
-            "--parent-pid", str(os.getpid()),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "sloline",
+            "worker",
+            "--pipeline",
+            str(self.pipeline_file),
+            "--stage",
+            stage.launch.stage,
+            "--router",
+            self.router_address,
+            "--threads",
+            str(hw.embedded.threads),
+            "--hardware",
+            hw.name,
+            "--worker-id",
+            f"{stage.launch.stage}-{self._counter}",
+            "--parent-pid",
+            str(os.getpid()),
+        ]
         if hw.embedded.cuda_device is not None:
             cmd += ["--cuda-device", str(hw.embedded.cuda_device)]
         threads = str(hw.embedded.threads)
-        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
-               "OPENBLAS_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            "OPENBLAS_NUM_THREADS": threads,
+            "PYTHONUNBUFFERED": "1",
+        }
         if hw.embedded.cpus:
             cmd += ["--cpus", ",".join(map(str, hw.embedded.cpus))]
         with log_path.open("ab") as out:
-            process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True)  # fmt: skip
+            process = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         stage.replicas.append(_Replica(process, self.clock(), log_path))
 
     def _terminate(self, replica: _Replica) -> None:

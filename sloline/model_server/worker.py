@@ -53,27 +53,38 @@ class WorkerSettings:
 def run_batch(runner: StageRunner, batch: pb.Batch) -> pb.Result:
     """Run one batch through the model; model errors become the batch's error text."""
     items = [
-        {t.name: np.frombuffer(t.data, dtype=DTYPES[t.datatype]).reshape(t.shape)
-         for t in item.tensors}
+        {
+            t.name: np.frombuffer(t.data, dtype=DTYPES[t.datatype]).reshape(t.shape)
+            for t in item.tensors
+        }
         for item in batch.items
-    ]  # fmt: skip
+    ]
     start = time.perf_counter()
     try:
         outputs = runner.run(items)
     except Exception as exc:  # the model's failure is reported, never kills the worker
         log.exception("batch %d failed", batch.batch_id)
-        return pb.Result(batch_id=batch.batch_id, error=f"{type(exc).__name__}: {exc}",
-                         service_s=time.perf_counter() - start)  # fmt: skip
+        return pb.Result(
+            batch_id=batch.batch_id,
+            error=f"{type(exc).__name__}: {exc}",
+            service_s=time.perf_counter() - start,
+        )
     service_s = time.perf_counter() - start
     result = pb.Result(batch_id=batch.batch_id, service_s=service_s)
     for out in outputs:
         result.items.append(
-            pb.ItemResult(tensors=[
-                pb.Tensor(name=name, datatype=datatype_of(arr), shape=arr.shape,
-                          data=np.ascontiguousarray(arr).tobytes())
-                for name, arr in out.items()
-            ])
-        )  # fmt: skip
+            pb.ItemResult(
+                tensors=[
+                    pb.Tensor(
+                        name=name,
+                        datatype=datatype_of(arr),
+                        shape=arr.shape,
+                        data=np.ascontiguousarray(arr).tobytes(),
+                    )
+                    for name, arr in out.items()
+                ]
+            )
+        )
     return result
 
 
@@ -86,10 +97,15 @@ class Worker:
 
     def hello(self) -> pb.WorkerMessage:
         s = self.settings
-        return pb.WorkerMessage(hello=pb.Hello(
-            pipeline=self.pipeline, stage=s.stage, worker_id=s.worker_id or f"pid-{os.getpid()}",
-            pid=os.getpid(), hardware=s.hardware,
-        ))  # fmt: skip
+        return pb.WorkerMessage(
+            hello=pb.Hello(
+                pipeline=self.pipeline,
+                stage=s.stage,
+                worker_id=s.worker_id or f"pid-{os.getpid()}",
+                pid=os.getpid(),
+                hardware=s.hardware,
+            )
+        )
 
     async def serve(self) -> None:
         """Connect, serve until stopped, reconnect after router failures."""
@@ -102,8 +118,9 @@ class Worker:
                 if self.stopping.is_set():
                     break
                 reason = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-                log.warning("router %s: %s; retrying in %.2fs", self.settings.router, reason,
-                            backoff)  # fmt: skip
+                log.warning(
+                    "router %s: %s; retrying in %.2fs", self.settings.router, reason, backoff
+                )
             if self.stopping.is_set():
                 break
             try:
@@ -112,8 +129,10 @@ class Worker:
                 backoff = min(backoff * 2, self.settings.reconnect_max_s)
 
     async def _session(self) -> None:
-        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]  # fmt: skip
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ]
         async with grpc.aio.insecure_channel(self.settings.router, options=options) as channel:
             call = pb_grpc.WorkerServiceStub(channel).Connect()
             await call.write(self.hello())
@@ -169,8 +188,9 @@ def main(settings: WorkerSettings) -> int:
     if settings.cpus:
         os.sched_setaffinity(0, settings.cpus)
     loaded = load_pipeline(settings.pipeline_file)
-    runner = load_pipeline_stage(loaded, settings.stage, threads=settings.threads,
-                                 cuda_device=settings.cuda_device)  # fmt: skip
+    runner = load_pipeline_stage(
+        loaded, settings.stage, threads=settings.threads, cuda_device=settings.cuda_device
+    )
     runner.warmup()
     worker = Worker(settings, runner, loaded.name)
 

@@ -64,8 +64,12 @@ def load_samples(loaded: LoadedPipeline, limit: int) -> list[Arrays]:
     spec = loaded.pipeline.spec
     samples = spec.samples
     if samples is None:
-        return [{t.name: np.zeros([d if d > 0 else 1 for d in t.shape],
-                                  dtype=_dtype(t.datatype)) for t in spec.inputs}]  # fmt: skip
+        return [
+            {
+                t.name: np.zeros([d if d > 0 else 1 for d in t.shape], dtype=_dtype(t.datatype))
+                for t in spec.inputs
+            }
+        ]
     if samples.entrypoint:
         data = import_entrypoint(samples.entrypoint, loaded.base_dir, what="spec.samples")()
     elif samples.uri:
@@ -75,11 +79,14 @@ def load_samples(loaded: LoadedPipeline, limit: int) -> list[Arrays]:
         raise PipelineError([Issue("spec.samples", "give uri or entrypoint")], loaded.name)
     missing = sorted({t.name for t in spec.inputs} - set(data))
     if missing:
-        raise PipelineError([Issue("spec.samples", f"samples lack input(s) {missing}")],
-                            loaded.name)  # fmt: skip
+        raise PipelineError(
+            [Issue("spec.samples", f"samples lack input(s) {missing}")], loaded.name
+        )
     count = min(len(next(iter(data.values()))), limit)
-    return [{t.name: np.asarray(data[t.name][i], dtype=_dtype(t.datatype)) for t in spec.inputs}
-            for i in range(count)]  # fmt: skip
+    return [
+        {t.name: np.asarray(data[t.name][i], dtype=_dtype(t.datatype)) for t in spec.inputs}
+        for i in range(count)
+    ]
 
 
 def _dtype(datatype: str) -> np.dtype[Any]:
@@ -88,9 +95,9 @@ def _dtype(datatype: str) -> np.dtype[Any]:
     return DTYPES[datatype]
 
 
-def trace_samples(loaded: LoadedPipeline, samples: Sequence[Arrays]) -> tuple[
-    dict[str, list[Arrays]], np.ndarray
-]:  # fmt: skip
+def trace_samples(
+    loaded: LoadedPipeline, samples: Sequence[Arrays]
+) -> tuple[dict[str, list[Arrays]], np.ndarray]:
     """Run the samples in process; return each stage's inputs and the visit matrix
     [n_samples, n_stages in graph order]."""
     return InProcessPipeline(loaded).trace(samples)
@@ -139,9 +146,15 @@ def _load_inputs(path: Path) -> list[Arrays]:
 
 
 def measure_stage(
-    pipeline_file: Path, stage: str, inputs_file: Path, *, threads: int, cap: int,
-    repeats: int, budget_s: float,
-) -> list[BatchLatency]:  # fmt: skip
+    pipeline_file: Path,
+    stage: str,
+    inputs_file: Path,
+    *,
+    threads: int,
+    cap: int,
+    repeats: int,
+    budget_s: float,
+) -> list[BatchLatency]:
     """Time one stage in this process (the body of `sloline profile-stage`)."""
     from sloline.spec import load_pipeline
 
@@ -170,23 +183,45 @@ def measure_stage(
 
 
 def _profile_in_worker(
-    loaded: LoadedPipeline, stage: str, hw: HardwareClass, inputs_file: Path,
+    loaded: LoadedPipeline,
+    stage: str,
+    hw: HardwareClass,
+    inputs_file: Path,
     settings: ProfilerSettings,
-) -> StageProfile:  # fmt: skip
+) -> StageProfile:
     with tempfile.TemporaryDirectory(prefix="sloline-profile-") as tmp:
         out = Path(tmp) / "profile.json"
-        cmd = [sys.executable, "-m", "sloline", "profile-stage", "--pipeline", str(loaded.file),
-               "--stage", stage, "--inputs", str(inputs_file), "--out", str(out),
-               "--threads", str(hw.embedded.threads), "--cap", str(settings.max_batch_cap),
-               "--repeats", str(settings.repeats), "--budget-s", str(settings.budget_s)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "sloline",
+            "profile-stage",
+            "--pipeline",
+            str(loaded.file),
+            "--stage",
+            stage,
+            "--inputs",
+            str(inputs_file),
+            "--out",
+            str(out),
+            "--threads",
+            str(hw.embedded.threads),
+            "--cap",
+            str(settings.max_batch_cap),
+            "--repeats",
+            str(settings.repeats),
+            "--budget-s",
+            str(settings.budget_s),
+        ]
         if hw.embedded.cpus:
             cmd += ["--cpus", ",".join(map(str, hw.embedded.cpus))]
         threads = str(hw.embedded.threads)
         env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         if done.returncode != 0:
-            raise RuntimeError(f"profiling stage {stage!r} on {hw.name!r} failed:\n"
-                               f"{done.stderr.strip()[-2000:]}")  # fmt: skip
+            raise RuntimeError(
+                f"profiling stage {stage!r} on {hw.name!r} failed:\n{done.stderr.strip()[-2000:]}"
+            )
         points = [BatchLatency.from_dict(p) for p in json.loads(out.read_text())]
     return StageProfile(hardware=hw.name, points=tuple(points))
 
@@ -224,19 +259,31 @@ def measure_hop_s(payload: Arrays, *, requests: int = 300) -> float:
 def _identity_pipeline(payload: Arrays) -> str:
     from sloline.serving.types import datatype_of
 
-    tensors = [{"name": k, "datatype": datatype_of(v), "shape": list(v.shape)}
-               for k, v in payload.items()]  # fmt: skip
+    tensors = [
+        {"name": k, "datatype": datatype_of(v), "shape": list(v.shape)} for k, v in payload.items()
+    ]
     doc = {
-        "apiVersion": "sloline.dev/v1alpha1", "kind": "PredictionPipeline",
+        "apiVersion": "sloline.dev/v1alpha1",
+        "kind": "PredictionPipeline",
         "metadata": {"name": "hop"},
-        "spec": {"slo": {"latencyMs": 1000}, "workload": {"rateRps": 1}, "inputs": tensors,
-                 "stages": [{"name": "identity",
-                             "model": {"runtime": "python",
-                                       "entrypoint": "sloline.planner.profiler:identity"},
-                             "inputs": [{"name": t["name"], "from": t["name"]} for t in tensors],
-                             "outputs": tensors}],
-                 "output": "identity"},
-    }  # fmt: skip
+        "spec": {
+            "slo": {"latencyMs": 1000},
+            "workload": {"rateRps": 1},
+            "inputs": tensors,
+            "stages": [
+                {
+                    "name": "identity",
+                    "model": {
+                        "runtime": "python",
+                        "entrypoint": "sloline.planner.profiler:identity",
+                    },
+                    "inputs": [{"name": t["name"], "from": t["name"]} for t in tensors],
+                    "outputs": tensors,
+                }
+            ],
+            "output": "identity",
+        },
+    }
     return json.dumps(doc)
 
 
@@ -269,15 +316,20 @@ def profile_pipeline(
     with tempfile.TemporaryDirectory(prefix="sloline-inputs-") as tmp:
         for stage in order:
             stages[stage] = {}
-            inputs = stage_inputs[stage] or _fallback_inputs(loaded, stage, stage_inputs)
+            inputs = stage_inputs[stage] or _fallback_inputs(loaded, stage)
             inputs_file = Path(tmp) / f"{stage}.npz"
             _save_inputs(inputs_file, inputs[: settings.max_batch_cap * 2])
             node = loaded.graph.stages[stage]
             for name in classes:
                 hw = catalog.get(name)
-                key = _digest(node.spec.model_dump_json().encode(), _model_bytes(loaded, stage),
-                              hw.model_dump_json().encode(), versions,
-                              sample_digest.digest(), str(settings.max_batch_cap).encode())  # fmt: skip
+                key = _digest(
+                    node.spec.model_dump_json().encode(),
+                    _model_bytes(loaded, stage),
+                    hw.model_dump_json().encode(),
+                    versions,
+                    sample_digest.digest(),
+                    str(settings.max_batch_cap).encode(),
+                )
                 path = cache / f"{loaded.name}-{stage}-{name}-{key}.json"
                 done += 1
                 if path.exists() and not settings.force:
@@ -293,13 +345,15 @@ def profile_pipeline(
     return PipelineProfile(stages=stages, hop_s=hop_s, visits=visits, visit_stages=order)
 
 
-def _fallback_inputs(
-    loaded: LoadedPipeline, stage: str, stage_inputs: dict[str, list[Arrays]]
-) -> list[Arrays]:
+def _fallback_inputs(loaded: LoadedPipeline, stage: str) -> list[Arrays]:
     """A stage no sample reached (e.g. a cascade branch never taken): zeros of its
     declared input shapes, so it still gets a latency profile."""
     from sloline.runtimes import stage_input_specs
 
     specs = stage_input_specs(loaded.graph, stage)
-    return [{n: np.zeros([d if d > 0 else 1 for d in t.shape], dtype=_dtype(t.datatype))
-             for n, t in specs.items()}]  # fmt: skip
+    return [
+        {
+            n: np.zeros([d if d > 0 else 1 for d in t.shape], dtype=_dtype(t.datatype))
+            for n, t in specs.items()
+        }
+    ]

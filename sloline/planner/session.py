@@ -86,11 +86,16 @@ def plot_latency_cdf(session: PlanningSession, path: Path) -> None:
     ax.plot(latencies_ms, fraction, label=f"plan (${plan_.cost_per_hour:.3f}/h)")
     slo_ms = plan_.slo_s * 1000.0
     ax.axvline(slo_ms, color="red", linestyle="--", label=f"SLO {slo_ms:g} ms")
-    ax.axhline(plan_.percentile / 100.0, color="grey", linestyle=":",
-               label=f"P{plan_.percentile:g}")  # fmt: skip
+    ax.axhline(
+        plan_.percentile / 100.0, color="grey", linestyle=":", label=f"P{plan_.percentile:g}"
+    )
     for baseline in plan_.baselines:
-        ax.axvline(baseline.tail_s * 1000.0, linestyle="-.", alpha=0.6,
-                   label=f"{baseline.name} P{plan_.percentile:g} (${baseline.cost_per_hour:.3f}/h)")  # fmt: skip
+        ax.axvline(
+            baseline.tail_s * 1000.0,
+            linestyle="-.",
+            alpha=0.6,
+            label=f"{baseline.name} P{plan_.percentile:g} (${baseline.cost_per_hour:.3f}/h)",
+        )
     ax.set_xlabel("estimated end-to-end latency (ms)")
     ax.set_ylabel("fraction of queries")
     ax.set_title(f"{plan_.pipeline}: estimated latency on the planning trace")

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sloline.serving.types import StageFailed, Tensor
 from sloline.spec import PipelineGraph
 from sloline.spec.condition import ConditionError
-from sloline.serving.types import StageFailed, Tensor
 
 
 @dataclass(frozen=True, slots=True)

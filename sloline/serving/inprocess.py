@@ -30,7 +30,9 @@ class InProcessPipeline:
         return self.infer_many([inputs])[0]
 
     def infer_many(
-        self, requests: Sequence[Mapping[str, np.ndarray]], max_batch: Mapping[str, int] | None = None
+        self,
+        requests: Sequence[Mapping[str, np.ndarray]],
+        max_batch: Mapping[str, int] | None = None,
     ) -> list[Arrays]:
         """Answer `requests`, batching each stage's work up to `max_batch[stage]` (default
         all at once). Inputs carry no batch dimension, as the router passes them on."""

@@ -18,9 +18,29 @@ from sloline.tuner.envelope import window_label
 
 # Latency buckets from 1 ms to 30 s, dense around typical SLOs.
 LATENCY_BUCKETS_S = (
-    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
-    0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
-)  # fmt: skip
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    30.0,
+)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -30,33 +50,50 @@ class RouterMetrics:
     def __init__(self, pipeline: str, stages: Iterable[str], registry: CollectorRegistry):
         self.pipeline = pipeline
         self.requests = Counter(
-            "sloline_requests", "Requests answered, by status code.", ["pipeline", "code"],
+            "sloline_requests",
+            "Requests answered, by status code.",
+            ["pipeline", "code"],
             registry=registry,
-        )  # fmt: skip
+        )
         self.latency = Histogram(
-            "sloline_request_latency_seconds", "End-to-end latency of answered requests.",
-            ["pipeline"], buckets=LATENCY_BUCKETS_S, registry=registry,
-        )  # fmt: skip
-        self.slo_miss = Counter(
-            "sloline_slo_miss", "Requests slower than the SLO or failed.", ["pipeline"],
+            "sloline_request_latency_seconds",
+            "End-to-end latency of answered requests.",
+            ["pipeline"],
+            buckets=LATENCY_BUCKETS_S,
             registry=registry,
-        )  # fmt: skip
+        )
+        self.slo_miss = Counter(
+            "sloline_slo_miss",
+            "Requests slower than the SLO or failed.",
+            ["pipeline"],
+            registry=registry,
+        )
         self.batch_size = Histogram(
-            "sloline_stage_batch_size", "Items per dispatched batch.", ["pipeline", "stage"],
-            buckets=BATCH_BUCKETS, registry=registry,
-        )  # fmt: skip
+            "sloline_stage_batch_size",
+            "Items per dispatched batch.",
+            ["pipeline", "stage"],
+            buckets=BATCH_BUCKETS,
+            registry=registry,
+        )
         self.service = Histogram(
-            "sloline_stage_service_seconds", "Model time per batch, measured in the worker.",
-            ["pipeline", "stage"], buckets=LATENCY_BUCKETS_S, registry=registry,
-        )  # fmt: skip
+            "sloline_stage_service_seconds",
+            "Model time per batch, measured in the worker.",
+            ["pipeline", "stage"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
         self.requeued = Counter(
-            "sloline_stage_requeued_items", "Items re-queued after their worker died.",
-            ["pipeline", "stage"], registry=registry,
-        )  # fmt: skip
+            "sloline_stage_requeued_items",
+            "Items re-queued after their worker died.",
+            ["pipeline", "stage"],
+            registry=registry,
+        )
         self.stage_errors = Counter(
-            "sloline_stage_errors", "Items failed in a stage, by reason.",
-            ["pipeline", "stage", "reason"], registry=registry,
-        )  # fmt: skip
+            "sloline_stage_errors",
+            "Items failed in a stage, by reason.",
+            ["pipeline", "stage", "reason"],
+            registry=registry,
+        )
         self._latency = self.latency.labels(pipeline)
         self._slo_miss = self.slo_miss.labels(pipeline)
         self._batch = {s: self.batch_size.labels(pipeline, s) for s in stages}
@@ -100,29 +137,33 @@ class StateCollector(Collector):
     def collect(self) -> Iterable[GaugeMetricFamily]:
         p = self._pipeline
         queue = GaugeMetricFamily(
-            "sloline_stage_queue_length", "Items waiting in the stage queue.",
+            "sloline_stage_queue_length",
+            "Items waiting in the stage queue.",
             labels=["pipeline", "stage"],
-        )  # fmt: skip
+        )
         for stage, length in self._queue_lengths().items():
             queue.add_metric([p, stage], length)
         replicas = GaugeMetricFamily(
-            "sloline_stage_replicas", "Replicas per stage: desired by the plan/tuner, ready "
-            "(connected to the router).", labels=["pipeline", "stage", "state"],
-        )  # fmt: skip
+            "sloline_stage_replicas",
+            "Replicas per stage: desired by the plan/tuner, ready (connected to the router).",
+            labels=["pipeline", "stage", "state"],
+        )
         for stage, (desired, ready) in self._replicas().items():
             replicas.add_metric([p, stage, "desired"], desired)
             replicas.add_metric([p, stage, "ready"], ready)
         cost = GaugeMetricFamily(
-            "sloline_stage_cost_per_hour", "Cost per hour of the stage's desired replicas.",
+            "sloline_stage_cost_per_hour",
+            "Cost per hour of the stage's desired replicas.",
             labels=["pipeline", "stage"],
-        )  # fmt: skip
+        )
         for stage, dollars in self._cost().items():
             cost.add_metric([p, stage], dollars)
         envelope = GaugeMetricFamily(
-            "sloline_arrival_envelope_rps", "Max arrival rate in any window of this size over "
+            "sloline_arrival_envelope_rps",
+            "Max arrival rate in any window of this size over "
             "the recent look-back (traffic envelope, InferLine §5).",
             labels=["pipeline", "window_s"],
-        )  # fmt: skip
+        )
         for window_s, rate in self._envelope().items():
             envelope.add_metric([p, window_label(window_s)], rate)
         return [queue, replicas, cost, envelope]

@@ -159,10 +159,11 @@ class Router:
             name=self.name,
             platform="sloline_pipeline",
             versions=("1",),
-            inputs=tuple(TensorMetadata(t.name, t.datatype, (-1, *t.shape)) for t in
-                         self.graph.inputs),
+            inputs=tuple(
+                TensorMetadata(t.name, t.datatype, (-1, *t.shape)) for t in self.graph.inputs
+            ),
             outputs=tuple(TensorMetadata(t.name, t.datatype, (-1, *t.shape)) for t in out),
-        )  # fmt: skip
+        )
 
     async def infer(self, request: InferRequest) -> InferResponse:
         self._check_name(request.model_name)
@@ -199,8 +200,9 @@ class Router:
         latency_s = end - state.arrival
         self.metrics.answered(200, latency_s, self.slo_s)
         self.stats.latency.add(end, latency_s)
-        return InferResponse(self.name, self._shape_outputs(outputs, request, batched),
-                             id=request.id)  # fmt: skip
+        return InferResponse(
+            self.name, self._shape_outputs(outputs, request, batched), id=request.id
+        )
 
     # ------------------------------------------------------------ request flow
     def _check_name(self, name: str) -> None:
@@ -268,8 +270,9 @@ class Router:
             try:
                 step = queue.push(item, now)
             except QueueFull as exc:
-                state.fail(Overloaded(f"{exc}; retry later",
-                                      retry_after_s=self.settings.retry_after_s))  # fmt: skip
+                state.fail(
+                    Overloaded(f"{exc}; retry later", retry_after_s=self.settings.retry_after_s)
+                )
                 return
             state.items.append(item)
             self._perform(queue, step)
@@ -297,20 +300,25 @@ class Router:
             batch = pb.Batch(batch_id=dispatch.batch_id)
             for item in dispatch.items:
                 batch.items.append(
-                    pb.Item(tensors=[
-                        pb.Tensor(name=n, datatype=t.datatype, shape=t.shape, data=t.data)
-                        for n, t in item.inputs.items()
-                    ])
-                )  # fmt: skip
+                    pb.Item(
+                        tensors=[
+                            pb.Tensor(name=n, datatype=t.datatype, shape=t.shape, data=t.data)
+                            for n, t in item.inputs.items()
+                        ]
+                    )
+                )
             conn.outbox.put_nowait(pb.RouterMessage(batch=batch))
         for item in step.expired:
-            item.request.fail(DeadlineExceeded(
-                f"deadline passed while queued at stage {queue.stage!r}"))  # fmt: skip
+            item.request.fail(
+                DeadlineExceeded(f"deadline passed while queued at stage {queue.stage!r}")
+            )
         for item in step.failed:
             self.metrics.stage_errors.labels(self.name, queue.stage, "worker_lost").inc()
-            item.request.fail(StageFailed(
-                f"stage {queue.stage!r}: its worker died twice while processing this request"
-            ))  # fmt: skip
+            item.request.fail(
+                StageFailed(
+                    f"stage {queue.stage!r}: its worker died twice while processing this request"
+                )
+            )
 
     # ----------------------------------------------------------------- workers
     def replicas(self) -> dict[str, tuple[int, int]]:
@@ -322,8 +330,9 @@ class Router:
             raise ValueError(f"this router serves pipeline {self.name!r}, not {hello.pipeline!r}")
         if hello.stage not in self.queues:
             raise ValueError(f"pipeline {self.name!r} has no stage {hello.stage!r}")
-        conn = WorkerConn(f"{hello.stage}/{next(self._worker_ids)}", hello.stage, hello.pid,
-                          hello.hardware)  # fmt: skip
+        conn = WorkerConn(
+            f"{hello.stage}/{next(self._worker_ids)}", hello.stage, hello.pid, hello.hardware
+        )
         self.workers[conn.id] = conn
         queue = self.queues[conn.stage]
         self._perform(queue, queue.add_worker(conn.id, self.clock()))
@@ -405,7 +414,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
     async def Connect(  # noqa: N802 - gRPC method name
         self,
         request_iterator: AsyncIterator[pb.WorkerMessage],
-        context: grpc.aio.ServicerContext[Any, Any],
+        _context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.RouterMessage]:
         first = await anext(aiter(request_iterator), None)
         if first is None or not first.HasField("hello"):

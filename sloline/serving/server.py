@@ -57,9 +57,11 @@ class RouterServer:
 
     async def start(self) -> None:
         s = self.settings
-        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.so_reuseport", 0)]  # fmt: skip
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ]
         self._grpc = grpc.aio.server(options=options)
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerService(self.router), self._grpc)
         add_inference_service(self._grpc, self.router)
@@ -73,10 +75,12 @@ class RouterServer:
         except OSError as exc:
             raise OSError(f"cannot listen for HTTP on {s.host}:{s.http_port}: {exc}") from None
         self.http_port = sock.getsockname()[1]
-        app = create_http_app(self.router, max_body_bytes=s.max_body_bytes,
-                              metrics_app=make_asgi_app(self.registry))  # fmt: skip
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2)  # fmt: skip
+        app = create_http_app(
+            self.router, max_body_bytes=s.max_body_bytes, metrics_app=make_asgi_app(self.registry)
+        )
+        config = uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
+        )
         self._http = _UvicornServer(config)
         self._tasks = [
             asyncio.create_task(self._http.serve(sockets=[sock])),

@@ -48,8 +48,9 @@ class Window:
         if len(values) == 0:
             return Window(0, 0.0, 0.0, 0.0, 0.0)
         p50, p99 = np.percentile(values, [50, 99])
-        return Window(len(values), len(values) / span_s, float(p50), float(p99),
-                      float(values.mean()))  # fmt: skip
+        return Window(
+            len(values), len(values) / span_s, float(p50), float(p99), float(values.mean())
+        )
 
 
 class RouterStats:

@@ -46,8 +46,11 @@ _ARITH: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Mult: operator.mul,
     ast.Div: operator.truediv,
 }
-_CEL_TOKENS = [(re.compile(r"&&"), " and "), (re.compile(r"\|\|"), " or "),
-               (re.compile(r"!(?!=)"), " not ")]  # fmt: skip
+_CEL_TOKENS = [
+    (re.compile(r"&&"), " and "),
+    (re.compile(r"\|\|"), " or "),
+    (re.compile(r"!(?!=)"), " not "),
+]
 
 
 class ConditionError(ValueError):
@@ -89,7 +92,7 @@ def parse_condition(text: str) -> Condition:
     return Condition(text=text, refs=frozenset(refs), _fn=fn)
 
 
-def _compile(node: ast.expr, refs: set[tuple[str, str]], text: str) -> Evaluator:  # noqa: C901, PLR0911 - one branch per grammar rule
+def _compile(node: ast.expr, refs: set[tuple[str, str]], text: str) -> Evaluator:  # noqa: C901, PLR0911, PLR0912 - one branch per grammar rule
     if isinstance(node, ast.Constant) and isinstance(node.value, bool | int | float):
         value = node.value
         return lambda _v: value

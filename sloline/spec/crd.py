@@ -18,18 +18,28 @@ PLURAL = "predictionpipelines"
 VERSION = "v1alpha1"
 
 SPEC_RULES = [
-    {"rule": "self.stages.exists(s, s.name == self.output)",
-     "message": "output must name one of the stages", "fieldPath": ".output"},
-    {"rule": "self.stages.all(s, self.stages.exists_one(t, t.name == s.name))",
-     "message": "stage names must be unique", "fieldPath": ".stages"},
-    {"rule": "self.inputs.all(i, self.inputs.exists_one(j, j.name == i.name))",
-     "message": "pipeline input names must be unique", "fieldPath": ".inputs"},
-]  # fmt: skip
+    {
+        "rule": "self.stages.exists(s, s.name == self.output)",
+        "message": "output must name one of the stages",
+        "fieldPath": ".output",
+    },
+    {
+        "rule": "self.stages.all(s, self.stages.exists_one(t, t.name == s.name))",
+        "message": "stage names must be unique",
+        "fieldPath": ".stages",
+    },
+    {
+        "rule": "self.inputs.all(i, self.inputs.exists_one(j, j.name == i.name))",
+        "message": "pipeline input names must be unique",
+        "fieldPath": ".inputs",
+    },
+]
 WORKLOAD_RULES = [
-    {"rule": "[has(self.rateRps), has(self.trace), has(self.traceUri)]"
-             ".filter(x, x).size() == 1",
-     "message": "give exactly one of rateRps, trace or traceUri"},
-]  # fmt: skip
+    {
+        "rule": "[has(self.rateRps), has(self.trace), has(self.traceUri)].filter(x, x).size() == 1",
+        "message": "give exactly one of rateRps, trace or traceUri",
+    },
+]
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -50,7 +60,7 @@ def spec_schema() -> dict[str, Any]:
     return schema
 
 
-def _structural(node: Any, defs: dict[str, Any]) -> Any:  # noqa: C901 - one case per keyword
+def _structural(node: Any, defs: dict[str, Any]) -> Any:  # noqa: C901, PLR0912 - one case per keyword
     if isinstance(node, list):
         return [_structural(n, defs) for n in node]
     if not isinstance(node, dict):

@@ -19,9 +19,19 @@ KIND: Final = "PredictionPipeline"
 
 # Open Inference Protocol datatypes that sloline carries as fixed-width numpy arrays.
 Datatype = Literal[
-    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64",
-    "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64",
-]  # fmt: skip
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+]
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 TENSOR_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:-]*$"

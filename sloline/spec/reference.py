@@ -27,9 +27,16 @@ def _type_name(annotation: Any) -> str:
     if origin is dict:
         return f"map of {_type_name(args[1])}"
     if isinstance(annotation, type):
-        return annotation.__name__ if issubclass(annotation, BaseModel) else {
-            "str": "string", "int": "integer", "float": "number", "bool": "boolean",
-        }.get(annotation.__name__, annotation.__name__)  # fmt: skip
+        return (
+            annotation.__name__
+            if issubclass(annotation, BaseModel)
+            else {
+                "str": "string",
+                "int": "integer",
+                "float": "number",
+                "bool": "boolean",
+            }.get(annotation.__name__, annotation.__name__)
+        )
     return "any"
 
 
@@ -79,8 +86,11 @@ def reference_markdown() -> str:
             default = "" if info.default is PydanticUndefined else f"`{info.default!r}`"
             if info.default_factory is not None:
                 default = "empty"
-            notes = " ".join(filter(None, [(info.description or "").replace("\n", " "),
-                                           _constraints(info)]))  # fmt: skip
-            lines.append(f"| `{alias}` | {_type_name(info.annotation)} | "
-                         f"{'yes' if info.is_required() else ''} | {default} | {notes} |")  # fmt: skip
+            notes = " ".join(
+                filter(None, [(info.description or "").replace("\n", " "), _constraints(info)])
+            )
+            lines.append(
+                f"| `{alias}` | {_type_name(info.annotation)} | "
+                f"{'yes' if info.is_required() else ''} | {default} | {notes} |"
+            )
     return "\n".join(lines) + "\n"

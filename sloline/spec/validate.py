@@ -8,6 +8,7 @@ and a reason, all of them at once, so a user fixes a file in one pass.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from sloline.spec.condition import Condition, ConditionError, parse_condition
@@ -95,85 +96,32 @@ class PipelineGraph:
         return max(finish.values())
 
 
-def build_graph(pipeline: PredictionPipeline) -> PipelineGraph:  # noqa: C901 - a list of independent checks
+@dataclass(frozen=True, slots=True)
+class _Names:
+    """What references resolve against."""
+
+    stages: set[str]
+    inputs: set[str]
+    outputs: dict[str, dict[str, TensorSpec]]
+
+
+def build_graph(pipeline: PredictionPipeline) -> PipelineGraph:
     """Check the pipeline's structure and return its DAG; raise `PipelineError` if invalid."""
     spec = pipeline.spec
-    issues: list[Issue] = []
-    stage_names = [s.name for s in spec.stages]
-    names = set(stage_names)
-    input_names = {t.name for t in spec.inputs}
-    outputs: dict[str, dict[str, TensorSpec]] = {
-        s.name: {t.name: t for t in s.outputs} for s in spec.stages
-    }
-
-    for i, tensor in enumerate(spec.inputs):
-        if tensor.name in {t.name for t in spec.inputs[:i]}:
-            issues.append(Issue(f"spec.inputs[{i}].name", f"duplicate input {tensor.name!r}"))
-    for i, stage in enumerate(spec.stages):
-        if stage.name in stage_names[:i]:
-            issues.append(Issue(f"spec.stages[{i}].name", f"duplicate stage {stage.name!r}"))
-        if stage.name in input_names:
-            issues.append(
-                Issue(f"spec.stages[{i}].name", f"{stage.name!r} is also a pipeline input name")
-            )
-
+    names = _Names(
+        {s.name for s in spec.stages},
+        {t.name for t in spec.inputs},
+        {s.name: {t.name: t for t in s.outputs} for s in spec.stages},
+    )
+    issues = _check_names(pipeline) + _check_workload(pipeline)
     nodes: dict[str, StageNode] = {}
     for i, stage in enumerate(spec.stages):
-        path = f"spec.stages[{i}]"
-        issues.extend(_check_model(stage, path))
-        deps: list[str] = []
-        refs: list[tuple[str, Ref, bool]] = []
-        seen_inputs: set[str] = set()
-        for j, item in enumerate(stage.inputs):
-            where = f"{path}.inputs[{j}]"
-            if item.name in seen_inputs:
-                issues.append(Issue(f"{where}.name", f"duplicate model input {item.name!r}"))
-            seen_inputs.add(item.name)
-            ref = Ref.parse(item.from_, names)
-            problem = _check_ref(ref, stage.name, input_names, outputs)
-            if problem:
-                issues.append(Issue(f"{where}.from", problem))
-            if item.optional and stage.model.runtime != "python":
-                issues.append(
-                    Issue(f"{where}.optional", "optional inputs are only for python stages")
-                )
-            if ref.stage and ref.stage not in deps:
-                deps.append(ref.stage)
-            refs.append((item.name, ref, item.optional))
-        seen_outputs: set[str] = set()
-        for j, tensor in enumerate(stage.outputs):
-            if tensor.name in seen_outputs:
-                issues.append(
-                    Issue(f"{path}.outputs[{j}].name", f"duplicate output {tensor.name!r}")
-                )
-            seen_outputs.add(tensor.name)
-        condition = None
-        if stage.when is not None:
-            try:
-                condition = parse_condition(stage.when)
-            except ConditionError as exc:
-                issues.append(Issue(f"{path}.when", str(exc)))
-            else:
-                for ref_stage, tensor_name in sorted(condition.refs):
-                    ref = Ref(ref_stage, tensor_name)
-                    problem = _check_ref(ref, stage.name, input_names, outputs)
-                    if problem:
-                        issues.append(Issue(f"{path}.when", problem))
-                    elif ref.stage and ref.stage not in deps:
-                        deps.append(ref.stage)
-        nodes[stage.name] = StageNode(stage, i, tuple(deps), tuple(refs), condition)
-
-    workload = spec.workload
-    given = [workload.rate_rps is not None, workload.trace is not None, bool(workload.trace_uri)]
-    if sum(given) != 1:
-        issues.append(Issue("spec.workload", "give exactly one of rateRps, trace or traceUri"))
-    elif workload.trace is not None and any(
-        b < a for a, b in zip(workload.trace, workload.trace[1:], strict=False)
-    ):
-        issues.append(Issue("spec.workload.trace", "arrival times must be non-decreasing"))
-    if spec.output not in names:
+        node, found = _stage_node(i, stage, names)
+        nodes[stage.name] = node
+        issues += found
+    if spec.output not in names.stages:
         issues.append(
-            Issue("spec.output", f"no stage named {spec.output!r}; stages: {sorted(names)}")
+            Issue("spec.output", f"no stage named {spec.output!r}; stages: {sorted(names.stages)}")
         )
     order, cycle = _toposort(nodes)
     if cycle:
@@ -187,9 +135,78 @@ def build_graph(pipeline: PredictionPipeline) -> PipelineGraph:  # noqa: C901 - 
     for node in nodes.values():
         for dep in node.deps:
             children[dep].append(node.name)
-    return PipelineGraph(
-        pipeline, nodes, tuple(order), {k: tuple(v) for k, v in children.items()}
-    )
+    return PipelineGraph(pipeline, nodes, tuple(order), {k: tuple(v) for k, v in children.items()})
+
+
+def _check_names(pipeline: PredictionPipeline) -> list[Issue]:
+    spec, issues = pipeline.spec, []
+    input_names = [t.name for t in spec.inputs]
+    for i, name in enumerate(input_names):
+        if name in input_names[:i]:
+            issues.append(Issue(f"spec.inputs[{i}].name", f"duplicate input {name!r}"))
+    stage_names = [s.name for s in spec.stages]
+    for i, name in enumerate(stage_names):
+        if name in stage_names[:i]:
+            issues.append(Issue(f"spec.stages[{i}].name", f"duplicate stage {name!r}"))
+        if name in input_names:
+            issues.append(
+                Issue(f"spec.stages[{i}].name", f"{name!r} is also a pipeline input name")
+            )
+    for i, stage in enumerate(spec.stages):
+        for field_name, tensors in (("inputs", stage.inputs), ("outputs", stage.outputs)):
+            seen = [t.name for t in tensors]
+            for j, name in enumerate(seen):
+                if name in seen[:j]:
+                    issues.append(
+                        Issue(f"spec.stages[{i}].{field_name}[{j}].name", f"duplicate {name!r}")
+                    )
+    return issues
+
+
+def _check_workload(pipeline: PredictionPipeline) -> list[Issue]:
+    workload = pipeline.spec.workload
+    given = [workload.rate_rps is not None, workload.trace is not None, bool(workload.trace_uri)]
+    if sum(given) != 1:
+        return [Issue("spec.workload", "give exactly one of rateRps, trace or traceUri")]
+    trace = workload.trace
+    if trace is not None and any(b < a for a, b in itertools.pairwise(trace)):
+        return [Issue("spec.workload.trace", "arrival times must be non-decreasing")]
+    return []
+
+
+def _stage_node(i: int, stage: StageSpec, names: _Names) -> tuple[StageNode, list[Issue]]:
+    """One stage's dependencies, input sources and condition, with their problems."""
+    path = f"spec.stages[{i}]"
+    issues = _check_model(stage, path)
+    deps: list[str] = []
+    refs: list[tuple[str, Ref, bool]] = []
+    for j, item in enumerate(stage.inputs):
+        ref = Ref.parse(item.from_, names.stages)
+        problem = _check_ref(ref, stage.name, names.inputs, names.outputs)
+        if problem:
+            issues.append(Issue(f"{path}.inputs[{j}].from", problem))
+        if item.optional and stage.model.runtime != "python":
+            issues.append(
+                Issue(f"{path}.inputs[{j}].optional", "optional inputs are only for python stages")
+            )
+        if ref.stage and ref.stage not in deps:
+            deps.append(ref.stage)
+        refs.append((item.name, ref, item.optional))
+    condition = None
+    if stage.when is not None:
+        try:
+            condition = parse_condition(stage.when)
+        except ConditionError as exc:
+            issues.append(Issue(f"{path}.when", str(exc)))
+        else:
+            for ref_stage, tensor_name in sorted(condition.refs):
+                ref = Ref(ref_stage, tensor_name)
+                problem = _check_ref(ref, stage.name, names.inputs, names.outputs)
+                if problem:
+                    issues.append(Issue(f"{path}.when", problem))
+                elif ref.stage and ref.stage not in deps:
+                    deps.append(ref.stage)
+    return StageNode(stage, i, tuple(deps), tuple(refs), condition), issues
 
 
 def _check_model(stage: StageSpec, path: str) -> list[Issue]:

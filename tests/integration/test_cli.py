@@ -16,15 +16,22 @@ from tests.support.serve import NOOP
 
 
 def sloline(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sloline", *args], capture_output=True,
-                          text=True, timeout=60, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "sloline", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_validate_ok_and_invalid_files(tmp_path: Path) -> None:
     ok = sloline("validate", str(NOOP))
     assert ok.returncode == 0 and "s1 -> s2 -> s3" in ok.stdout
     bad = tmp_path / "bad.yaml"
-    bad.write_text(NOOP.read_text().replace("from: s1.x", "from: s9.x").replace("output: s3", "output: nope"))
+    bad.write_text(
+        NOOP.read_text().replace("from: s1.x", "from: s9.x").replace("output: s3", "output: nope")
+    )
     result = sloline("validate", str(bad))
     assert result.returncode == 2
     assert "spec.stages[1].inputs[0].from" in result.stderr
@@ -48,9 +55,12 @@ def test_missing_model_file_says_how_to_build(tmp_path: Path) -> None:
     folder = tmp_path / "p"
     folder.mkdir()
     (folder / "pipeline.yaml").write_text(
-        NOOP.read_text().replace('{runtime: python, entrypoint: "noop_stages:identity"}',
-                                 "{runtime: onnx, uri: models/m.onnx}", 1)
-    )  # fmt: skip
+        NOOP.read_text().replace(
+            '{runtime: python, entrypoint: "noop_stages:identity"}',
+            "{runtime: onnx, uri: models/m.onnx}",
+            1,
+        )
+    )
     (folder / "build.py").write_text("")
     result = sloline("run", str(folder / "pipeline.yaml"), "--no-plan")
     assert result.returncode == 2
@@ -59,11 +69,26 @@ def test_missing_model_file_says_how_to_build(tmp_path: Path) -> None:
 
 def _run(port: int, grpc_port: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "sloline", "run", str(NOOP), "--port", str(port),
-         "--grpc-port", str(grpc_port), "--replicas", "s2=2", "--status-interval", "0.5",
-         "--no-plan"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sloline",
+            "run",
+            str(NOOP),
+            "--port",
+            str(port),
+            "--grpc-port",
+            str(grpc_port),
+            "--replicas",
+            "s2=2",
+            "--status-interval",
+            "0.5",
+            "--no-plan",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _workers(parent: int) -> list[psutil.Process]:
@@ -73,8 +98,10 @@ def _workers(parent: int) -> list[psutil.Process]:
 def _gone(pids: list[int], timeout_s: float = 15) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                   for p in pids):  # fmt: skip
+        if not any(
+            psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+            for p in pids
+        ):
             return True
         time.sleep(0.05)
     return False

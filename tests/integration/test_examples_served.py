@@ -65,11 +65,25 @@ def test_digits_cascade_via_cli_with_tritonclient(
     x_test, y_test = digits_module.labelled_test_split()
     http_port, grpc_port = free_port(), free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "sloline", "run", str(EXAMPLES / "digits-cascade" / "pipeline.yaml"),
-         "--port", str(http_port), "--grpc-port", str(grpc_port), "--status-interval", "0",
-         "--cache-dir", str(tmp_path / "profiles")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sloline",
+            "run",
+            str(EXAMPLES / "digits-cascade" / "pipeline.yaml"),
+            "--port",
+            str(http_port),
+            "--grpc-port",
+            str(grpc_port),
+            "--status-interval",
+            "0",
+            "--cache-dir",
+            str(tmp_path / "profiles"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_ready(f"127.0.0.1:{http_port}", process, timeout_s=240)
         http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
@@ -99,7 +113,11 @@ def test_digits_cascade_via_cli_with_tritonclient(
     fast_accuracy = float((fast_probs.argmax(axis=1) == y_test).mean())
 
     def items(stage: str) -> float:
-        m = re.search(rf'^sloline_stage_batch_size_sum\{{pipeline="digits-cascade",stage="{stage}"\}} (\S+)$', metrics, re.M)
+        m = re.search(
+            rf'^sloline_stage_batch_size_sum\{{pipeline="digits-cascade",stage="{stage}"\}} (\S+)$',
+            metrics,
+            re.M,
+        )
         assert m, f"no batch-size sum for {stage}"
         return float(m.group(1))
 
@@ -107,8 +125,10 @@ def test_digits_cascade_via_cli_with_tritonclient(
     record_property("cascade_accuracy", cascade_accuracy)
     record_property("fast_accuracy", fast_accuracy)
     record_property("fraction_reaching_accurate", reached)
-    print(f"\ndigits-cascade: cascade accuracy {cascade_accuracy:.4f}, fast model "
-          f"{fast_accuracy:.4f}, {reached:.1%} of requests reached the accurate model")  # fmt: skip
+    print(
+        f"\ndigits-cascade: cascade accuracy {cascade_accuracy:.4f}, fast model "
+        f"{fast_accuracy:.4f}, {reached:.1%} of requests reached the accurate model"
+    )
     assert items("fast") == 2 * len(x_test)
     assert cascade_accuracy >= fast_accuracy
     assert 0.0 < reached < 0.5
@@ -119,19 +139,27 @@ def test_image_ensemble_1000_concurrent_requests_match_in_process() -> None:
     loaded = load_pipeline(path)
     rng = np.random.default_rng(7)
     images = rng.integers(0, 256, size=(1000, 64, 64, 3), dtype=np.uint8)
-    reference = InProcessPipeline(loaded).infer_many([{"image": im} for im in images],
-                                                     max_batch={"small": 8, "medium": 8, "large": 8})  # fmt: skip
+    reference = InProcessPipeline(loaded).infer_many(
+        [{"image": im} for im in images], max_batch={"small": 8, "medium": 8, "large": 8}
+    )
     batches = {"preprocess": 16, "small": 8, "medium": 8, "large": 8, "pick": 16}
-    with BackgroundPipeline(path, max_batch=batches,
-                            router=RouterSettings(queue_capacity=2048)) as served:  # fmt: skip
+    with BackgroundPipeline(
+        path, max_batch=batches, router=RouterSettings(queue_capacity=2048)
+    ) as served:
 
         async def fire() -> list[grpcaio.InferResult]:
             async with grpcaio.InferenceServerClient(served.grpc_url) as client:
+
                 async def one(i: int) -> grpcaio.InferResult:
                     image = grpcaio.InferInput("image", [1, 64, 64, 3], "UINT8")
                     image.set_data_from_numpy(images[i][None])
-                    return await client.infer("image-ensemble", [image], request_id=str(i),
-                                              parameters={"timeout_ms": 300_000})  # fmt: skip
+                    return await client.infer(
+                        "image-ensemble",
+                        [image],
+                        request_id=str(i),
+                        parameters={"timeout_ms": 300_000},
+                    )
+
                 return await asyncio.gather(*(one(i) for i in range(len(images))))
 
         results = asyncio.run(fire())

@@ -26,8 +26,12 @@ from tests.support.serve import NOOP, BackgroundPipeline
 
 
 def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})  # fmt: skip
+    request = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read())
@@ -35,10 +39,12 @@ def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-def infer_body(x: list[float], name: str = "x", datatype: str = "FP32",
-               shape: list[int] | None = None) -> bytes:  # fmt: skip
-    return json.dumps({"inputs": [{"name": name, "datatype": datatype,
-                                   "shape": shape or [len(x)], "data": x}]}).encode()  # fmt: skip
+def infer_body(
+    x: list[float], name: str = "x", datatype: str = "FP32", shape: list[int] | None = None
+) -> bytes:
+    return json.dumps(
+        {"inputs": [{"name": name, "datatype": datatype, "shape": shape or [len(x)], "data": x}]}
+    ).encode()
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +100,9 @@ def test_metrics_names_and_histogram_count(noop: BackgroundPipeline) -> None:
             return r.read().decode()
 
     def served_count(text: str) -> float:
-        m = re.search(r'^sloline_request_latency_seconds_count\{pipeline="noop"\} (\S+)$', text, re.M)
+        m = re.search(
+            r'^sloline_request_latency_seconds_count\{pipeline="noop"\} (\S+)$', text, re.M
+        )
         return float(m.group(1)) if m else 0.0
 
     def ok_count(text: str) -> float:
@@ -109,11 +117,17 @@ def test_metrics_names_and_histogram_count(noop: BackgroundPipeline) -> None:
     text = scrape()
     assert served_count(text) - served_count(before) == 25
     assert served_count(text) == ok_count(text)
-    for name in ["sloline_requests_total", "sloline_request_latency_seconds_bucket",
-                 "sloline_slo_miss_total", "sloline_arrival_envelope_rps",
-                 "sloline_stage_queue_length", "sloline_stage_batch_size_bucket",
-                 "sloline_stage_service_seconds_bucket", "sloline_stage_replicas",
-                 "sloline_stage_cost_per_hour"]:  # fmt: skip
+    for name in [
+        "sloline_requests_total",
+        "sloline_request_latency_seconds_bucket",
+        "sloline_slo_miss_total",
+        "sloline_arrival_envelope_rps",
+        "sloline_stage_queue_length",
+        "sloline_stage_batch_size_bucket",
+        "sloline_stage_service_seconds_bucket",
+        "sloline_stage_replicas",
+        "sloline_stage_cost_per_hour",
+    ]:
         assert re.search(rf"^{name}\{{", text, re.M), f"{name} missing from /metrics"
 
 
@@ -136,8 +150,9 @@ def test_worker_crash_retried_once_then_failed_explicitly() -> None:
 
 
 def test_kill_9_under_load_loses_and_duplicates_nothing() -> None:
-    with BackgroundPipeline(NOOP, replicas={"s2": 2}, max_batch={"s2": 4},
-                            router=RouterSettings(deadline_factor=100)) as served:  # fmt: skip
+    with BackgroundPipeline(
+        NOOP, replicas={"s2": 2}, max_batch={"s2": 4}, router=RouterSettings(deadline_factor=100)
+    ) as served:
         client = grpcclient.InferenceServerClient(served.grpc_url)
         answers: Counter[str] = Counter()
         errors: list[str] = []

@@ -26,6 +26,7 @@ async def open_loop(url: str, phases: list[tuple[float, float]], seed: int = 0):
     results: list[tuple[float, float | None, str]] = []
     tasks = []
     async with grpcaio.InferenceServerClient(url) as client:
+
         async def one(sent: float) -> None:
             x = grpcaio.InferInput("x", [4], "FP32")
             x.set_data_from_numpy(np.ones(4, np.float32))
@@ -49,11 +50,16 @@ async def open_loop(url: str, phases: list[tuple[float, float]], seed: int = 0):
 
 def test_load_step_scales_up_then_down(tmp_path: Path, record_property) -> None:
     loaded = load_pipeline(SLEEPY)
-    session = plan_pipeline(loaded, DEFAULT_CATALOG,
-                            ProfilerSettings(max_batch_cap=4, cache_dir=tmp_path))  # fmt: skip
+    session = plan_pipeline(
+        loaded, DEFAULT_CATALOG, ProfilerSettings(max_batch_cap=4, cache_dir=tmp_path)
+    )
     planned = session.plan.stage("slow").replicas
-    tuner = {"stabilization_s": 4.0, "lambda_window_s": 1.0, "lambda_lookback_s": 4.0,
-             "envelope_lookback_s": 6.0}
+    tuner = {
+        "stabilization_s": 4.0,
+        "lambda_window_s": 1.0,
+        "lambda_lookback_s": 4.0,
+        "envelope_lookback_s": 6.0,
+    }
     with BackgroundPipeline(SLEEPY, plan=session.plan, tuner=tuner) as served:
         start, results = asyncio.run(open_loop(served.grpc_url, PHASES))
         history = list(served.p.tuner.history) if served.p.tuner else []
@@ -74,13 +80,16 @@ def test_load_step_scales_up_then_down(tmp_path: Path, record_property) -> None:
     windows: dict[int, list[float]] = {}
     for sent_at, latency, _ in results:
         windows.setdefault(int(sent_at - start), []).append(latency or 0.0)
-    bad = [w for w, lat in windows.items()
-           if start + w >= step_at and np.percentile(lat, 99) > slo_s]  # fmt: skip
+    bad = [
+        w for w, lat in windows.items() if start + w >= step_at and np.percentile(lat, 99) > slo_s
+    ]
     restored_at = start + (max(bad) + 1 if bad else int(step_at - start))
     assert downs and min(t for t, _ in downs) > drop_at, f"no scale-down after the drop: {history}"
     record_property("step_to_decision_s", first_up - step_at)
     record_property("step_to_restored_p99_s", max(0.0, restored_at - step_at))
-    print(f"\nplanned {planned} replica(s) of 'slow'; step at +{PHASES[0][1]:.0f}s -> scale-up "
-          f"decided after {first_up - step_at:.2f}s ({ups[0][1].reason}); P99 back under the SLO "
-          f"{max(0.0, restored_at - step_at):.0f}s after the step; scale-down "
-          f"{min(t for t, _ in downs) - drop_at:.1f}s after the drop; {sent} requests, 0 lost")  # fmt: skip
+    print(
+        f"\nplanned {planned} replica(s) of 'slow'; step at +{PHASES[0][1]:.0f}s -> scale-up "
+        f"decided after {first_up - step_at:.2f}s ({ups[0][1].reason}); P99 back under the SLO "
+        f"{max(0.0, restored_at - step_at):.0f}s after the step; scale-down "
+        f"{min(t for t, _ in downs) - drop_at:.1f}s after the drop; {sent} requests, 0 lost"
+    )

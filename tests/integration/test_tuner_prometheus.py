@@ -23,16 +23,27 @@ LOOKBACK_S = 20.0
 
 def test_prometheus_source_matches_live_feed(tmp_path: Path) -> None:
     loaded = load_pipeline(SLEEPY)
-    plan = plan_pipeline(loaded, DEFAULT_CATALOG,
-                         ProfilerSettings(max_batch_cap=4, cache_dir=tmp_path)).plan  # fmt: skip
+    plan = plan_pipeline(
+        loaded, DEFAULT_CATALOG, ProfilerSettings(max_batch_cap=4, cache_dir=tmp_path)
+    ).plan
     windows = plan.envelope.windows_s
     settings = TunerSettings(window_base_s=windows[0], window_max_s=windows[-1])
-    stages = tuple(StageState(s.name, s.replicas, s.replicas, 1, 8, s.scale_factor,
-                              s.throughput_rps, max(s.rho, 0.5)) for s in plan.stages)  # fmt: skip
+    stages = tuple(
+        StageState(
+            s.name, s.replicas, s.replicas, 1, 8, s.scale_factor, s.throughput_rps, max(s.rho, 0.5)
+        )
+        for s in plan.stages
+    )
 
     def decisions(observation, now_s: float) -> dict[str, int]:
-        context = TunerContext(now_s, stages, plan.envelope, observation.observed_envelope,
-                               observation.recent_lambdas_rps, last_change_s=now_s)  # fmt: skip
+        context = TunerContext(
+            now_s,
+            stages,
+            plan.envelope,
+            observation.observed_envelope,
+            observation.recent_lambdas_rps,
+            last_change_s=now_s,
+        )
         return {d.stage: d.to_replicas for d in decide(context, settings).decisions}
 
     with BackgroundPipeline(SLEEPY, plan=plan, run_tuner=False) as served:
@@ -40,10 +51,14 @@ def test_prometheus_source_matches_live_feed(tmp_path: Path) -> None:
         try:
             prometheus.wait_ready()
             live = StreamingSource(served.p.envelope, lookback_s=LOOKBACK_S)
-            remote = PrometheusSource(prometheus.url, "sleepy", windows_s=windows,
-                                      lookback_s=LOOKBACK_S - 1.0)  # fmt: skip
-            load = threading.Thread(target=lambda: asyncio.run(
-                open_loop(served.grpc_url, [(25.0, 8.0), (70.0, 10.0), (25.0, 6.0)])))  # fmt: skip
+            remote = PrometheusSource(
+                prometheus.url, "sleepy", windows_s=windows, lookback_s=LOOKBACK_S - 1.0
+            )
+            load = threading.Thread(
+                target=lambda: asyncio.run(
+                    open_loop(served.grpc_url, [(25.0, 8.0), (70.0, 10.0), (25.0, 6.0)])
+                )
+            )
             started = time.monotonic()
             load.start()
             compared = []

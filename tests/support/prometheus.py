@@ -21,15 +21,27 @@ class Prometheus:
             pytest.skip("the prometheus binary is not installed (apt-get install prometheus)")
         self.url = f"http://127.0.0.1:{port}"
         config = workdir / "prometheus.yml"
-        config.write_text(json.dumps({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "sloline", "static_configs": [{"targets": targets}]}],
-        }))  # fmt: skip
+        config.write_text(
+            json.dumps(
+                {
+                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                    "scrape_configs": [
+                        {"job_name": "sloline", "static_configs": [{"targets": targets}]}
+                    ],
+                }
+            )
+        )
         self.process = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
 
     def wait_ready(self, timeout_s: float = 30) -> None:
         deadline = time.monotonic() + timeout_s

@@ -23,7 +23,9 @@ ops = st.lists(
 
 @settings(max_examples=300, deadline=None)
 @given(ops=ops, max_batch=st.integers(1, 5), deadline_span=st.integers(3, 50))
-def test_random_interleavings(ops: list[tuple[str, int]], max_batch: int, deadline_span: int) -> None:
+def test_random_interleavings(  # noqa: C901 - one branch per random operation
+    ops: list[tuple[str, int]], max_batch: int, deadline_span: int
+) -> None:
     q = StageQueue("s", max_batch=max_batch, capacity=1000)
     now = 0.0
     pushed: list[WorkItem] = []
@@ -37,8 +39,11 @@ def test_random_interleavings(ops: list[tuple[str, int]], max_batch: int, deadli
             assert d.worker not in held
             held[int(str(d.worker))] = (d.batch_id, d.items)
             dispatched_order.extend(i.request for i in d.items if i.attempts == 1)
-        for kind, items in (("done", step.completed), ("expired", step.expired),
-                            ("failed", step.failed)):  # fmt: skip
+        for kind, items in (
+            ("done", step.completed),
+            ("expired", step.expired),
+            ("failed", step.failed),
+        ):
             for item in items:
                 assert id(item) not in outcomes, "item left the queue twice"
                 outcomes[id(item)] = kind

@@ -36,9 +36,18 @@ def test_refs() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["__import__('os')", "a.x.y < 1", "open('f')", "[1][0] < 2", "a.x if 1 else 2",
-             "lambda: 1", "a.x in (1, 2)", "max(a.x, 2) < 1"],
-)  # fmt: skip
+    "text",
+    [
+        "__import__('os')",
+        "a.x.y < 1",
+        "open('f')",
+        "[1][0] < 2",
+        "a.x if 1 else 2",
+        "lambda: 1",
+        "a.x in (1, 2)",
+        "max(a.x, 2) < 1",
+    ],
+)
 def test_rejects_outside_grammar(text: str) -> None:
     with pytest.raises(ConditionError):
         parse_condition(text)

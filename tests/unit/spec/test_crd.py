@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_crd_in_sync_with_models() -> None:
-    checked_in = yaml.safe_load((ROOT / "crds" / "predictionpipelines.sloline.dev.yaml").read_text())
+    checked_in = yaml.safe_load(
+        (ROOT / "crds" / "predictionpipelines.sloline.dev.yaml").read_text()
+    )
     assert checked_in == crd_manifest(), (
         "crds/ is stale: regenerate with `sloline crd > crds/predictionpipelines.sloline.dev.yaml`"
     )

@@ -18,22 +18,35 @@ BASE: dict[str, Any] = {
         "workload": {"rateRps": 10},
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
         "stages": [
-            {"name": "a", "model": {"runtime": "python", "entrypoint": "m:f"},
-             "inputs": [{"name": "x", "from": "x"}],
-             "outputs": [{"name": "y", "datatype": "FP32", "shape": [4]},
-                         {"name": "score", "datatype": "FP32", "shape": [1]}]},
-            {"name": "b", "model": {"runtime": "onnx", "uri": "b.onnx"},
-             "inputs": [{"name": "y", "from": "a.y"}],
-             "outputs": [{"name": "z", "datatype": "FP32", "shape": [4]}],
-             "when": "a.score < 0.5"},
-            {"name": "c", "model": {"runtime": "python", "entrypoint": "m:g"},
-             "inputs": [{"name": "y", "from": "a.y"},
-                        {"name": "z", "from": "b.z", "optional": True}],
-             "outputs": [{"name": "out", "datatype": "FP32", "shape": [4]}]},
+            {
+                "name": "a",
+                "model": {"runtime": "python", "entrypoint": "m:f"},
+                "inputs": [{"name": "x", "from": "x"}],
+                "outputs": [
+                    {"name": "y", "datatype": "FP32", "shape": [4]},
+                    {"name": "score", "datatype": "FP32", "shape": [1]},
+                ],
+            },
+            {
+                "name": "b",
+                "model": {"runtime": "onnx", "uri": "b.onnx"},
+                "inputs": [{"name": "y", "from": "a.y"}],
+                "outputs": [{"name": "z", "datatype": "FP32", "shape": [4]}],
+                "when": "a.score < 0.5",
+            },
+            {
+                "name": "c",
+                "model": {"runtime": "python", "entrypoint": "m:g"},
+                "inputs": [
+                    {"name": "y", "from": "a.y"},
+                    {"name": "z", "from": "b.z", "optional": True},
+                ],
+                "outputs": [{"name": "out", "datatype": "FP32", "shape": [4]}],
+            },
         ],
         "output": "c",
     },
-}  # fmt: skip
+}
 
 
 def doc(**edits: Any) -> dict[str, Any]:
@@ -114,7 +127,10 @@ def test_runtime_specific_fields() -> None:
     found = issues_of(doc(spec__stages__1__model={"runtime": "onnx"}))
     assert ("spec.stages[1].model.uri", "onnx stages need a model file") in found
     found = issues_of(doc(spec__stages__1__inputs__0__optional=True))
-    assert ("spec.stages[1].inputs[0].optional", "optional inputs are only for python stages") in found
+    assert (
+        "spec.stages[1].inputs[0].optional",
+        "optional inputs are only for python stages",
+    ) in found
 
 
 def test_workload_needs_exactly_one_source() -> None:
