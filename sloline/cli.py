@@ -296,6 +296,53 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from sloline.planner.planner import InfeasibleError
+    from sloline.tuner.simulate import POLICIES, simulate
+    from sloline.tuner.traces import Trace, standard_traces
+
+    loaded = load_pipeline(args.file)
+    try:
+        session = _plan(args, loaded)
+    except InfeasibleError as exc:
+        print(f"error: no plan meets the SLO: {exc}", file=sys.stderr)
+        return 1
+    families = {
+        t.name.split("-")[0]: t for t in standard_traces(session.plan.rate_rps, scale=args.scale)
+    }
+    traces = []
+    for name in args.trace or ["all"]:
+        if name == "all":
+            traces.extend(families.values())
+        elif name in families:
+            traces.append(families[name])
+        else:
+            try:
+                traces.append(Trace.from_timestamps(Path(name).stem, np.loadtxt(name, ndmin=1)))
+            except (OSError, ValueError) as exc:
+                raise PipelineError(
+                    [
+                        Issue(
+                            "--trace",
+                            f"{name!r} is neither {sorted(families)} nor a readable "
+                            f"file of arrival times ({exc})",
+                        )
+                    ],
+                    "flags",
+                ) from None
+    policies = args.policies.split(",") if args.policies else list(POLICIES)
+    report = simulate(session.problem, traces, plan=session.plan, policies=policies)
+    print(report.to_markdown())
+    if args.out_dir:
+        out = Path(args.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        report.plot(out)
+        print(f"plots written to {out}/")
+    return 0
+
+
 def cmd_profile_stage(args: argparse.Namespace) -> int:
     import json
     import os
@@ -389,6 +436,20 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("--cdf", help="draw the estimated latency CDF vs the SLO to this PNG")
     _add_profile_flags(p)
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("simulate", help="closed-loop simulation of the tuner vs baselines")
+    p.add_argument("file")
+    p.add_argument(
+        "--trace",
+        action="append",
+        metavar="ramp|burst|spike|autoscale|all|FILE",
+        help="trace family or a file of arrival times (repeatable; default all)",
+    )
+    p.add_argument("--policies", default="", help="comma-separated (default: all)")
+    p.add_argument("--scale", type=float, default=1.0, help="shrink trace durations (0.1)")
+    p.add_argument("--out-dir", help="draw one PNG per trace here")
+    _add_profile_flags(p)
+    p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("profile-stage", help="time one stage in this process (internal)")
     for flag in ("--pipeline", "--stage", "--inputs", "--out"):

@@ -1,0 +1,496 @@
+"""The closed-loop simulator's engine: the router's dispatch with replica counts that change
+over time, driven by a scaling policy (issue #4; InferLine §5 tuner, §7 evaluation).
+
+The planner's estimator (:mod:`sloline.planner.estimator`) simulates one *static*
+configuration stage by stage. A tuner couples the stages through time — its decisions
+depend on queue lengths and arrivals so far, and change the replicas every stage serves
+with — so this is one global event simulation of the same dispatch semantics
+(DESIGN.md, "Data flow"):
+
+- one FIFO queue per stage; an idle replica takes ``min(queue, max_batch)`` items; a batch
+  occupies its replica for the profiled service time of (hardware, batch) plus the hop;
+- a stage becomes ready for a query when all its dependencies completed or were skipped;
+  conditional routing replays the :class:`~sloline.planner.estimator.Workload`'s visits;
+- ties at one instant follow the router and the estimator exactly: items ready at the
+  same instant are pushed in query order and each push goes at once, alone, to a replica
+  that was already idle; replicas that finish (or become ready) at that instant then take
+  batches of everything queued. With a static policy the per-query latencies equal the
+  estimator's bit for bit (``tests/unit/tuner/test_simulate.py``).
+
+What changes over time. Every ``tick_s`` the policy sees an
+:class:`~sloline.tuner.loop.Observation` (queue lengths, busy and ready replica-seconds
+and mean ongoing requests over the last tick, how long each replica has been idle,
+requests in the system, and — for the InferLine tuner — the streaming traffic envelope
+of the arrivals so far) and returns a target replica count per stage. A scale-up starts
+replicas that serve only after ``activation_delay_s`` (5 s in InferLine §5) but are paid
+for from the decision on; the desired count (ready + starting) is what the policy sees
+and sets, so a replica that is starting is never requested twice. A scale-down takes
+effect at once: it cancels starting replicas first (youngest first), then removes idle
+ones (youngest first), then marks busy ones to leave after their batch — queued work
+always stays queued, so no query is ever dropped. Idle replicas take work lowest id
+first (index packing, as AutoScale's load balancer does), which leaves the youngest
+replicas idle to be removed.
+
+Pure: no I/O, no clock, no global state; deterministic for the same inputs and seed
+(heap ties break by sequence number).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from sloline.planner.estimator import ServiceMode, Workload, service_draws
+from sloline.planner.profile import PipelineProfile
+from sloline.planner.queueing import ServiceDraws
+from sloline.planner.topology import Topology
+from sloline.tuner.envelope import StreamingEnvelope
+from sloline.tuner.loop import Observation, Policy, Run, ScaleEvent, StageView, Targets
+
+__all__ = ["EngineSettings", "run_closed_loop"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """Simulation constants; defaults are InferLine's (§5: 1 s tuner period, 5 s activation)."""
+
+    tick_s: float = 1.0
+    activation_delay_s: float = 5.0
+    service: ServiceMode = "p50"
+    seed: int = 0
+    envelope_lookback_s: float = 60.0
+    lambda_window_s: float = 5.0
+    lambda_lookback_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.tick_s) and self.tick_s > 0.0):
+            raise ValueError(f"tick_s must be > 0 seconds, got {self.tick_s!r}")
+        if not (math.isfinite(self.activation_delay_s) and self.activation_delay_s >= 0.0):
+            raise ValueError(
+                f"activation_delay_s must be >= 0 seconds, got {self.activation_delay_s!r}"
+            )
+
+
+class _Replica:
+    __slots__ = ("alive", "busy", "idle_since", "retiring", "rid", "serving")
+
+    def __init__(self, rid: int, serving: bool, now: float) -> None:
+        self.rid = rid
+        self.serving = serving  # activated (not starting)
+        self.alive = True
+        self.busy = False
+        self.retiring = False
+        self.idle_since = now
+
+
+class _Stage:
+    """Runtime state of one stage; ``acc`` integrates the counts over time."""
+
+    __slots__ = (
+        "batches", "billed", "billed_area", "busy", "busy_area", "draws", "idle",
+        "in_service", "last", "max_batch", "n_ready", "n_starting", "next_rid", "occupancy",
+        "ong_area", "queue", "ready_area", "replicas", "snap",
+    )  # fmt: skip
+
+    def __init__(self, max_batch: int, draws: ServiceDraws, occupancy: list[float] | None) -> None:
+        self.max_batch = max_batch
+        self.draws = draws
+        self.occupancy = occupancy  # per batch size, when service times are fixed
+        self.queue: deque[int] = deque()
+        self.idle: list[int] = []  # heap of idle serving replica ids
+        self.replicas: dict[int, _Replica] = {}
+        self.next_rid = 0
+        self.batches = self.in_service = self.busy = 0
+        self.n_ready = self.n_starting = self.billed = 0
+        self.last = 0.0
+        self.ong_area = self.busy_area = self.ready_area = self.billed_area = 0.0
+        self.snap = (0.0, 0.0, 0.0)  # areas at the last tick
+
+    def acc(self, t: float) -> None:
+        dt = t - self.last
+        if dt > 0.0:
+            self.ong_area += (len(self.queue) + self.in_service) * dt
+            self.busy_area += self.busy * dt
+            self.ready_area += self.n_ready * dt
+            self.billed_area += self.billed * dt
+            self.last = t
+
+
+class _Simulation:
+    """The event loop. Heap entries are (time, sequence, stage, replica, batch); a batch
+    of None is an activation."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        profile: PipelineProfile,
+        workload: Workload,
+        policy: Policy,
+        settings: EngineSettings,
+    ) -> None:
+        if len(policy.config) != len(topology):
+            raise ValueError(
+                f"policy {policy.name!r} configures {len(policy.config)} stages, the "
+                f"pipeline has {len(topology)}"
+            )
+        self.topology = topology
+        self.policy = policy
+        self.settings = settings
+        self.n_stages = len(topology)
+        self.arrivals_s = workload.arrivals_s
+        self.arrivals = workload.arrivals_s.tolist()
+        self.visits = workload.visits.ravel().tolist()
+        self.children: list[list[int]] = [[] for _ in range(self.n_stages)]
+        for m, deps in enumerate(topology.deps):
+            for d in deps:
+                self.children[d].append(m)
+        self.sources = [m for m, deps in enumerate(topology.deps) if not deps]
+        self.pending = [len(deps) for deps in topology.deps] * workload.size
+        self.latency = [math.nan] * workload.size
+        self.stages: list[_Stage] = []
+        for m, (name, cfg) in enumerate(zip(topology.stages, policy.config, strict=True)):
+            visits_m = int(np.count_nonzero(workload.visits[:, m]))
+            draws = service_draws(
+                profile.stage(name, cfg.hardware),
+                cfg.max_batch,
+                settings.service,
+                profile.hop_s,
+                visits_m,
+                seed=settings.seed,
+                stage=m,
+            )
+            fixed = None
+            if not draws.cols.size and not draws.scales.size:
+                fixed = [float(v) + draws.hop_s for v in draws.table_s[:, 0].tolist()]
+            stage = _Stage(cfg.max_batch, draws, fixed)
+            for _ in range(cfg.replicas):
+                self._new_replica(stage, serving=True, now=0.0)
+            self.stages.append(stage)
+        self.heap: list[tuple[float, int, int, _Replica, list[int] | None]] = []
+        self.seq = 0
+        self.pushes: list[list[int]] = [[] for _ in range(self.n_stages)]
+        self.touched: list[int] = []  # stages with pushes at this instant
+        self.freed: list[tuple[int, _Replica]] = []
+        self.in_system = 0
+        self.sys_area = 0.0
+        self.sys_last = 0.0
+        self.events: list[ScaleEvent] = []
+        self.next_q = 0  # next arrival to process
+        self.fed_q = 0  # next arrival to show the policy
+        self.sys_snap = 0.0
+
+    # -- replicas -------------------------------------------------------------------------
+
+    def _new_replica(self, stage: _Stage, *, serving: bool, now: float) -> _Replica:
+        replica = _Replica(stage.next_rid, serving, now)
+        stage.next_rid += 1
+        stage.replicas[replica.rid] = replica
+        stage.billed += 1
+        if serving:
+            stage.n_ready += 1
+            heapq.heappush(stage.idle, replica.rid)
+        else:
+            stage.n_starting += 1
+        return replica
+
+    def _remove(self, stage: _Stage, replica: _Replica) -> None:
+        replica.alive = False
+        del stage.replicas[replica.rid]
+        stage.billed -= 1
+        if not replica.serving:
+            stage.n_starting -= 1
+        elif not replica.retiring:  # a leaving replica was no longer counted as ready
+            stage.n_ready -= 1
+
+    def _scale(self, m: int, target: int, now: float) -> None:
+        stage = self.stages[m]
+        stage.acc(now)
+        leaving = [r for r in stage.replicas.values() if r.retiring]
+        current = len(stage.replicas) - len(leaving)
+        if target == current:
+            return
+        self.events.append(ScaleEvent(now, self.topology.stages[m], current, target))
+        if target > current:
+            add = target - current
+            for replica in leaving[:add]:  # keep the leaving ones first: they run already
+                replica.retiring = False
+                stage.n_ready += 1
+                add -= 1
+            for _ in range(add):
+                replica = self._new_replica(stage, serving=False, now=now)
+                ready_at = now + self.settings.activation_delay_s
+                heapq.heappush(self.heap, (ready_at, self.seq, m, replica, None))
+                self.seq += 1
+            return
+        drop = current - target
+        live = [r for r in reversed(stage.replicas.values()) if not r.retiring]
+        for replica in [r for r in live if not r.serving][:drop]:
+            self._remove(stage, replica)
+            drop -= 1
+        idle = [r for r in live if r.serving and not r.busy][:drop]
+        for replica in idle:
+            stage.idle.remove(replica.rid)
+            self._remove(stage, replica)
+        heapq.heapify(stage.idle)
+        drop -= len(idle)
+        for replica in [r for r in live if r.busy][:drop]:
+            replica.retiring = True  # finishes its batch, then leaves
+            stage.n_ready -= 1
+
+    # -- queries --------------------------------------------------------------------------
+
+    def _finish(self, q: int, m: int, t: float) -> None:
+        """Stage m completed (or skipped) query q at t: release its dependants."""
+        base = q * self.n_stages
+        pending, visits, children, pushes = self.pending, self.visits, self.children, self.pushes
+        stack = [m]
+        while stack:
+            s = stack.pop()
+            if s == self.topology.output:
+                self.latency[q] = t - self.arrivals[q]
+                self._system(t, -1)
+            for c in children[s]:
+                k = base + c
+                pending[k] -= 1
+                if pending[k] == 0:
+                    if visits[k]:
+                        items = pushes[c]
+                        if not items:
+                            self.touched.append(c)
+                        items.append(q)
+                    else:
+                        stack.append(c)
+
+    def _arrive(self, q: int, t: float) -> None:
+        self._system(t, 1)
+        base = q * self.n_stages
+        for s in self.sources:
+            if self.visits[base + s]:
+                items = self.pushes[s]
+                if not items:
+                    self.touched.append(s)
+                items.append(q)
+            else:
+                self._finish(q, s, t)
+
+    def _system(self, t: float, delta: int) -> None:
+        self.sys_area += self.in_system * (t - self.sys_last)
+        self.sys_last = t
+        self.in_system += delta
+
+    def _dispatch(
+        self, m: int, stage: _Stage, replica: _Replica, batch: list[int], t: float
+    ) -> None:
+        k = len(batch)
+        if stage.occupancy is not None:
+            duration = stage.occupancy[k]
+        else:
+            duration = stage.draws.time_s(stage.batches, k)
+        stage.batches += 1
+        stage.busy += 1
+        stage.in_service += k
+        replica.busy = True
+        heapq.heappush(self.heap, (t + duration, self.seq, m, replica, batch))
+        self.seq += 1
+
+    def _instant(self, t: float) -> None:
+        """Everything that happens at time t, in the router's order: arrivals and batch
+        completions release items; the pushes go, in query order, alone to replicas idle
+        before t or into the queue; then replicas freed at t take batches."""
+        arrivals, n = self.arrivals, len(self.arrivals)
+        while self.next_q < n and arrivals[self.next_q] == t:
+            self._arrive(self.next_q, t)
+            self.next_q += 1
+        heap = self.heap
+        while heap and heap[0][0] == t:
+            _, _, m, replica, batch = heapq.heappop(heap)
+            self._complete(m, replica, batch, t)
+        for m in self.touched:
+            items = self.pushes[m]
+            self._push(m, items, t)
+            items.clear()
+        self.touched.clear()
+        freed = self.freed
+        if len(freed) > 1:
+            freed.sort(key=lambda f: (f[0], f[1].rid))
+        for m, replica in freed:
+            stage = self.stages[m]
+            queue = stage.queue
+            if queue:
+                k = min(len(queue), stage.max_batch)
+                self._dispatch(m, stage, replica, [queue.popleft() for _ in range(k)], t)
+            else:
+                heapq.heappush(stage.idle, replica.rid)
+        freed.clear()
+
+    def _complete(self, m: int, replica: _Replica, batch: list[int] | None, t: float) -> None:
+        stage = self.stages[m]
+        stage.acc(t)
+        if batch is None:  # an activation
+            if replica.alive:
+                replica.serving = True
+                replica.idle_since = t
+                stage.n_starting -= 1
+                stage.n_ready += 1
+                self.freed.append((m, replica))
+            return
+        stage.busy -= 1
+        stage.in_service -= len(batch)
+        replica.busy = False
+        replica.idle_since = t
+        if replica.retiring:
+            self._remove(stage, replica)
+        else:
+            self.freed.append((m, replica))
+        for q in batch:
+            self._finish(q, m, t)
+
+    def _push(self, m: int, items: list[int], t: float) -> None:
+        stage = self.stages[m]
+        stage.acc(t)
+        idle = stage.idle
+        if len(items) > 1:
+            items.sort()
+        elif not idle:
+            stage.queue.append(items[0])
+            return
+        start = 0
+        while idle and start < len(items):  # an idle replica takes a lone item
+            replica = stage.replicas[heapq.heappop(idle)]
+            self._dispatch(m, stage, replica, [items[start]], t)
+            start += 1
+        stage.queue.extend(items[start:])
+
+    # -- policy ---------------------------------------------------------------------------
+
+    def _observe(self, t: float, envelope: StreamingEnvelope | None) -> Observation:
+        tick = self.settings.tick_s
+        views = []
+        for name, stage in zip(self.topology.stages, self.stages, strict=True):
+            stage.acc(t)
+            ong, busy, ready = stage.snap
+            stage.snap = (stage.ong_area, stage.busy_area, stage.ready_area)
+            idle_for = tuple(
+                0.0 if r.busy else t - r.idle_since
+                for r in stage.replicas.values()
+                if r.serving and not r.retiring
+            )
+            views.append(
+                StageView(
+                    name=name,
+                    desired=stage.n_ready + stage.n_starting,
+                    ready=stage.n_ready,
+                    starting=stage.n_starting,
+                    queued=len(stage.queue),
+                    in_service=stage.in_service,
+                    mean_ongoing=(stage.ong_area - ong) / tick,
+                    busy_replica_s=stage.busy_area - busy,
+                    ready_replica_s=stage.ready_area - ready,
+                    idle_for_s=idle_for,
+                )
+            )
+        self._system(t, 0)
+        mean_in_system = (self.sys_area - self.sys_snap) / tick
+        self.sys_snap = self.sys_area
+        env = lambdas = None
+        if envelope is not None:
+            envelope.observe_many(self.arrivals_s[self.fed_q : self.next_q])
+            env, lambdas = envelope.envelope(t), envelope.lambdas(t)
+        arrived = self.next_q - self.fed_q
+        self.fed_q = self.next_q
+        return Observation(
+            now_s=t,
+            tick_s=tick,
+            stages=tuple(views),
+            arrivals=arrived,
+            in_system=self.in_system,
+            mean_in_system=mean_in_system,
+            envelope=env,
+            lambdas_rps=lambdas or (),
+        )
+
+    def run(self, duration_s: float) -> Run:
+        settings, policy = self.settings, self.policy
+        tick = settings.tick_s
+        n_ticks = max(1, math.ceil(duration_s / tick - 1e-9))
+        envelope = None
+        if policy.envelope_windows_s:
+            envelope = StreamingEnvelope(
+                policy.envelope_windows_s,
+                start_s=0.0,
+                lookback_s=settings.envelope_lookback_s,
+                lambda_window_s=settings.lambda_window_s,
+                lambda_lookback_s=settings.lambda_lookback_s,
+            )
+        state = policy.state
+        replica_s: tuple[float, ...] = ()
+        desired: list[list[int]] = []
+        ready: list[list[int]] = []
+        billed: list[list[int]] = []
+        k = 1
+        n = len(self.arrivals)
+        while True:
+            t_next = min(
+                self.arrivals[self.next_q] if self.next_q < n else math.inf,
+                self.heap[0][0] if self.heap else math.inf,
+            )
+            t_tick = k * tick
+            if k <= n_ticks and t_tick < t_next:
+                observation = self._observe(t_tick, envelope)
+                if policy.step is not None:
+                    targets, state = policy.step(observation, state)
+                    self._apply(targets, t_tick)
+                desired.append([s.n_ready + s.n_starting for s in self.stages])
+                ready.append([s.n_ready for s in self.stages])
+                billed.append([s.billed for s in self.stages])
+                if k == n_ticks:
+                    replica_s = tuple(s.billed_area for s in self.stages)
+                k += 1
+                continue
+            if t_next == math.inf:
+                break
+            self._instant(t_next)
+        ticks = np.arange(1, n_ticks + 1, dtype=np.float64) * tick
+        return Run(
+            latencies_s=np.array(self.latency, dtype=np.float64),
+            ticks_s=ticks,
+            desired=np.array(desired, dtype=np.int64),
+            ready=np.array(ready, dtype=np.int64),
+            billed=np.array(billed, dtype=np.int64),
+            replica_s=replica_s,
+            horizon_s=float(ticks[-1]),
+            events=tuple(self.events),
+        )
+
+    def _apply(self, targets: Targets, now: float) -> None:
+        if len(targets) != self.n_stages or any(r < 1 for r in targets):
+            raise ValueError(
+                f"policy {self.policy.name!r} returned targets {targets}: need one count "
+                f">= 1 per stage ({self.n_stages} stages)"
+            )
+        for m, target in enumerate(targets):
+            self._scale(m, int(target), now)
+
+
+def run_closed_loop(
+    topology: Topology,
+    profile: PipelineProfile,
+    workload: Workload,
+    policy: Policy,
+    duration_s: float,
+    settings: EngineSettings | None = None,
+) -> Run:
+    """Simulate ``workload`` through the pipeline under ``policy`` for ticks up to
+    ``duration_s`` (the trace's length), then drain: every query is answered.
+
+    The policy is called at t = tick, 2·tick, ... ≤ ceil(duration / tick)·tick, after
+    every event at that instant; its targets apply at once (scale-down) or after the
+    activation delay (scale-up). Billed replica-seconds are integrated up to the last tick.
+    """
+    return _Simulation(topology, profile, workload, policy, settings or EngineSettings()).run(
+        duration_s
+    )

@@ -1,0 +1,401 @@
+"""``sloline simulate``: scaling policies compared in closed loop on the same traces
+(issue #4; InferLine §7.1-§7.3, Figs. 7, 8, 11-13).
+
+For each trace, every policy serves the *same* arrivals and conditional routes through
+the event simulation of :mod:`sloline.tuner.engine`, with a 5 s replica activation delay
+(InferLine §5). The policies:
+
+- ``plan``: the planner's plan for the trace's planning sample, never changed
+  (InferLine's "Planner only");
+- ``oracle``: the planner run on the whole live trace — static, the cheapest plan that
+  meets the SLO with full knowledge of the load (Fig. 11's oracle);
+- ``inferline``: the plan, tuned every tick by :func:`sloline.tuner.policy.decide`
+  (Algorithms 3 and 4) on the streaming envelope of the arrivals so far;
+- ``inferline-relative``: the same ``decide`` with its inputs re-parameterised, an
+  extension candidate (docs/tuner.md, "Closed-loop simulation"): Algorithm 3 scales by the
+  ratio of the observed to the planned envelope, Algorithm 4 by each stage's own rho_m;
+- ``cg-autoscale``: InferLine's coarse-grained baseline (§6): the CG-Mean configuration
+  (whole pipeline as one unit), tuned by AutoScale;
+- ``hpa``, ``ray-serve``, ``knative-kpa``: the plan, each stage scaled by that system's
+  default autoscaler (InferLine §7.3's "InferLine Plan + Baseline Tune" shape).
+
+:mod:`sloline.tuner.baselines` documents each baseline and the source of every default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sloline.planner.baselines import cg_baseline
+from sloline.planner.config import StageConfig
+from sloline.planner.estimator import Workload
+from sloline.planner.evaluator import Evaluator
+from sloline.planner.plan import Baseline, Plan
+from sloline.planner.planner import InfeasibleError
+from sloline.planner.planner import plan as make_plan
+from sloline.planner.problem import PlanningProblem
+from sloline.tuner.baselines import (
+    AutoScaleSettings,
+    HpaSettings,
+    HpaStage,
+    KpaSettings,
+    KpaStage,
+    RaySettings,
+    RayStage,
+    autoscale_step,
+    hpa_step,
+    kpa_step,
+    packing_factor,
+    ray_step,
+)
+from sloline.tuner.engine import EngineSettings, run_closed_loop
+from sloline.tuner.envelope import Envelope
+from sloline.tuner.loop import Observation, Policy, Targets
+from sloline.tuner.policy import (
+    StageState,
+    TunerContext,
+    TunerSettings,
+    decide,
+    effective_rhos,
+)
+from sloline.tuner.report import PolicyResult, SimulationReport, recovery_times, rolling_tail
+from sloline.tuner.traces import Trace
+
+__all__ = [
+    "POLICIES",
+    "REACTIVE",
+    "SimulationSettings",
+    "build_policy",
+    "simulate",
+]
+
+POLICIES = (
+    "plan",
+    "oracle",
+    "inferline",
+    "inferline-relative",
+    "cg-autoscale",
+    "hpa",
+    "ray-serve",
+    "knative-kpa",
+)
+REACTIVE = ("cg-autoscale", "hpa", "ray-serve", "knative-kpa")
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationSettings:
+    """Simulation constants (InferLine §5 defaults) and every baseline's settings.
+
+    ``tuner`` None derives the InferLine tuner's settings from the plan (window base T_s
+    and largest window of the plan's envelope, one decision per tick); ``packing_factor``
+    None profiles AutoScale's p with :func:`sloline.tuner.baselines.packing_factor`.
+    Baselines' replica bounds are replaced by each stage's bounds from the problem.
+    """
+
+    tick_s: float = 1.0
+    activation_delay_s: float = 5.0
+    recovery_window_s: float = 5.0
+    tuner: TunerSettings | None = None
+    hpa: HpaSettings = field(default_factory=HpaSettings)
+    ray: RaySettings = field(default_factory=RaySettings)
+    kpa: KpaSettings = field(default_factory=KpaSettings)
+    autoscale_t_wait_s: float = 120.0
+    packing_factor: float | None = None
+
+
+def _config(plan: Plan) -> tuple[StageConfig, ...]:
+    return tuple(StageConfig(s.hardware, s.max_batch, s.replicas) for s in plan.stages)
+
+
+def _inferline(
+    problem: PlanningProblem, plan: Plan, settings: TunerSettings, *, relative: bool
+) -> Policy:
+    """The InferLine tuner: :func:`~sloline.tuner.policy.decide` every tick.
+
+    Stages get the effective rho_m the live loop gives them
+    (:func:`~sloline.tuner.policy.effective_rhos`). ``relative`` re-parameterises the
+    context (``decide`` itself is unchanged) so that Algorithm 3 scales by the envelope
+    *ratio* and Algorithm 4 by each stage's own rho_m: every window's observed rate is
+    expressed as ``λ_plan · r_obs / r_plan`` against a flat planning envelope at ``λ_plan``
+    (then ``k_m = ceil(λ_plan · max_i(r_obs_i / r_plan_i) · s_m / (mu_m · rho_m))``, i.e.
+    the planned replicas times the ratio for a stage at its planned rho), and every stage
+    gets ``rho' = min rho`` with ``s'_m = s_m · rho' / rho_m`` (so Alg. 3's ``s'/rho'``
+    and Alg. 4's ``s'/rho_min`` both equal ``s_m / rho_m``)."""
+    bounds = [problem.replica_bounds(s.name) for s in plan.stages]
+    # As the live loop builds them (sloline.embedded): stages at their replica floor get an
+    # effective rho.
+    rhos = effective_rhos(
+        [s.rho for s in plan.stages],
+        [s.replicas <= lo for s, (lo, _) in zip(plan.stages, bounds, strict=True)],
+    )
+    rho_ref = min(rhos)
+    planning = plan.envelope
+    if relative:
+        planning = Envelope(plan.envelope.windows_s, (plan.rate_rps,) * len(planning.windows_s))
+    params = [
+        (s.scale_factor * rho_ref / rho, rho_ref) if relative else (s.scale_factor, rho)
+        for s, rho in zip(plan.stages, rhos, strict=True)
+    ]
+
+    def observed(envelope: Envelope) -> Envelope:
+        if not relative:
+            return envelope
+        return Envelope(
+            envelope.windows_s,
+            tuple(
+                plan.rate_rps * r / max(p, 1e-12)
+                for r, p in zip(envelope.rates_rps, plan.envelope.rates_rps, strict=True)
+            ),
+        )
+
+    def step(observation: Observation, last_change_s: float) -> tuple[Targets, float]:
+        assert observation.envelope is not None  # the engine feeds the plan's windows
+        context = TunerContext(
+            now_s=observation.now_s,
+            stages=tuple(
+                StageState(
+                    name=s.name,
+                    desired_replicas=view.desired,
+                    ready_replicas=view.ready,
+                    min_replicas=lo,
+                    max_replicas=hi,
+                    scale_factor=s_m,
+                    throughput_rps=s.throughput_rps,
+                    max_provisioning_ratio=rho,
+                )
+                for s, view, (lo, hi), (s_m, rho) in zip(
+                    plan.stages, observation.stages, bounds, params, strict=True
+                )
+            ),
+            planning_envelope=planning,
+            observed_envelope=observed(observation.envelope),
+            recent_lambdas_rps=observation.lambdas_rps,
+            last_change_s=last_change_s,
+        )
+        outcome = decide(context, settings)
+        targets = {d.stage: d.to_replicas for d in outcome.decisions}
+        return (
+            tuple(targets.get(v.name, v.desired) for v in observation.stages),
+            outcome.last_change_s,
+        )
+
+    name = "inferline-relative" if relative else "inferline"
+    return Policy(name, _config(plan), step, 0.0, settings.windows_s)
+
+
+def _per_stage(
+    name: str,
+    config: tuple[StageConfig, ...],
+    states: tuple[Any, ...],
+    stage_step: Callable[[Any, Observation, Any, int], tuple[int, Any]],
+) -> Policy:
+    """A policy that runs one independent autoscaler per stage."""
+
+    def step(observation: Observation, current: tuple[Any, ...]) -> tuple[Targets, Any]:
+        out = [
+            stage_step(view, observation, state, m)
+            for m, (view, state) in enumerate(zip(observation.stages, current, strict=True))
+        ]
+        return tuple(t for t, _ in out), tuple(s for _, s in out)
+
+    return Policy(name, config, step, states)
+
+
+def _cg_autoscale(problem: PlanningProblem, plan: Plan, settings: SimulationSettings) -> Policy:
+    baseline: Baseline | None = next((b for b in plan.baselines if b.name == "cg-mean"), None)
+    if baseline is None:
+        baseline = cg_baseline(problem, Evaluator(problem), "cg-mean")
+    if baseline is None:
+        raise InfeasibleError(
+            "NoCoarseGrainedConfig",
+            "no single hardware class runs every stage within the SLO, so there is no "
+            "coarse-grained (CG-Mean) configuration to tune",
+        )
+    p = settings.packing_factor or packing_factor(problem, baseline.hardware, baseline.max_batch)
+    auto = AutoScaleSettings(
+        p, settings.autoscale_t_wait_s, max_units=min(problem.max_replicas, 256)
+    )
+    config = tuple(
+        StageConfig(baseline.hardware, baseline.max_batch, baseline.units)
+        for _ in problem.topology.stages
+    )
+
+    def step(observation: Observation, state: None) -> tuple[Targets, None]:
+        return autoscale_step(observation, auto), state
+
+    return Policy("cg-autoscale", config, step)
+
+
+def build_policy(
+    name: str,
+    problem: PlanningProblem,
+    plan: Plan,
+    trace: Trace,
+    settings: SimulationSettings,
+) -> Policy:
+    """The named policy (see :data:`POLICIES`) for ``trace``, starting from ``plan``.
+
+    ``problem`` is the planning problem of the trace's sample (its arrivals are
+    replaced by the live trace for the oracle). Raises
+    :class:`~sloline.planner.planner.InfeasibleError` when the policy has no
+    configuration (e.g. no plan meets the SLO on the whole trace)."""
+    stages = problem.topology.stages
+    bounds = [problem.replica_bounds(s) for s in stages]
+    if name == "plan":
+        return Policy("plan", _config(plan))
+    if name == "oracle":
+        oracle = make_plan(dataclasses.replace(problem, arrivals_s=trace.arrivals_s))
+        return Policy("oracle", _config(oracle))
+    if name in {"inferline", "inferline-relative"}:
+        windows = plan.envelope.windows_s
+        tuner = settings.tuner or TunerSettings(
+            window_base_s=windows[0], window_max_s=windows[-1], interval_s=settings.tick_s
+        )
+        return _inferline(problem, plan, tuner, relative=name == "inferline-relative")
+    if name == "cg-autoscale":
+        return _cg_autoscale(problem, plan, settings)
+    if name not in _PER_STAGE:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    return _PER_STAGE[name](_config(plan), bounds, settings)
+
+
+def _hpa(
+    config: tuple[StageConfig, ...], bounds: list[tuple[int, int]], settings: SimulationSettings
+) -> Policy:
+    hpa = [dataclasses.replace(settings.hpa, min_replicas=lo, max_replicas=hi) for lo, hi in bounds]
+    return _per_stage(
+        "hpa",
+        config,
+        tuple(HpaStage() for _ in config),
+        lambda view, obs, state, m: hpa_step(view, obs.now_s, state, hpa[m]),
+    )
+
+
+def _ray(
+    config: tuple[StageConfig, ...], bounds: list[tuple[int, int]], settings: SimulationSettings
+) -> Policy:
+    ray = [dataclasses.replace(settings.ray, min_replicas=lo, max_replicas=hi) for lo, hi in bounds]
+    return _per_stage(
+        "ray-serve",
+        config,
+        tuple(RayStage() for _ in config),
+        lambda view, obs, state, m: ray_step(view, obs.now_s, obs.tick_s, state, ray[m]),
+    )
+
+
+def _kpa(
+    config: tuple[StageConfig, ...], bounds: list[tuple[int, int]], settings: SimulationSettings
+) -> Policy:
+    kpa = [dataclasses.replace(settings.kpa, min_replicas=lo, max_replicas=hi) for lo, hi in bounds]
+    return _per_stage(
+        "knative-kpa",
+        config,
+        tuple(KpaStage() for _ in config),
+        lambda view, obs, state, m: kpa_step(view, obs.now_s, state, kpa[m]),
+    )
+
+
+_PER_STAGE: dict[
+    str,
+    Callable[[tuple[StageConfig, ...], list[tuple[int, int]], SimulationSettings], Policy],
+] = {"hpa": _hpa, "ray-serve": _ray, "knative-kpa": _kpa}
+
+
+def _result(
+    problem: PlanningProblem,
+    trace: Trace,
+    policy: Policy,
+    workload: Workload,
+    settings: SimulationSettings,
+) -> PolicyResult:
+    engine = EngineSettings(
+        tick_s=settings.tick_s,
+        activation_delay_s=settings.activation_delay_s,
+        service=problem.service,
+        seed=problem.seed,
+    )
+    if settings.tuner is not None:  # observe the envelope as the tuner is set to
+        engine = dataclasses.replace(
+            engine,
+            envelope_lookback_s=settings.tuner.envelope_lookback_s,
+            lambda_window_s=settings.tuner.lambda_window_s,
+            lambda_lookback_s=settings.tuner.lambda_lookback_s,
+        )
+    run = run_closed_loop(
+        problem.topology, problem.profile, workload, policy, trace.duration_s, engine
+    )
+    prices = tuple(problem.hardware_costs[c.hardware] for c in policy.config)
+    tail = rolling_tail(
+        trace.arrivals_s,
+        run.latencies_s,
+        run.ticks_s,
+        window_s=settings.recovery_window_s,
+        percentile=problem.percentile,
+    )
+    within = np.count_nonzero(run.latencies_s <= problem.slo_s)
+    return PolicyResult(
+        trace=trace.name,
+        policy=policy.name,
+        queries=int(run.latencies_s.size),
+        attainment=float(within) / max(1, run.latencies_s.size),
+        cost_usd=sum(s * p for s, p in zip(run.replica_s, prices, strict=True)) / 3600.0,
+        tail_s=float(np.percentile(run.latencies_s, problem.percentile, method="inverted_cdf")),
+        recovery_s=recovery_times(run.ticks_s, tail, trace.changes_s, problem.slo_s),
+        scale_events=len(run.events),
+        stages=problem.topology.stages,
+        config=policy.config,
+        prices_per_hour=prices,
+        run=run,
+        rolling_tail_s=tail,
+    )
+
+
+def simulate(
+    problem: PlanningProblem,
+    traces: Sequence[Trace],
+    *,
+    plan: Plan | None = None,
+    policies: Sequence[str] = POLICIES,
+    settings: SimulationSettings | None = None,
+) -> SimulationReport:
+    """Compare ``policies`` on every trace, in closed loop.
+
+    ``problem`` carries the pipeline (topology, profiles), hardware prices, SLO and
+    estimator mode; its planning arrivals are replaced by each trace's planning sample.
+    ``plan`` None plans every trace on its sample (InferLine's protocol); a given plan is
+    used as the starting point on every trace. A policy without a configuration on a
+    trace (no feasible oracle plan, no CG configuration) is listed as skipped."""
+    settings = settings or SimulationSettings()
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
+    results: list[PolicyResult] = []
+    skipped: list[tuple[str, str, str]] = []
+    for trace in traces:
+        if trace.arrivals_s.size == 0:
+            raise ValueError(f"trace {trace.name!r} has no arrivals")
+        sample = dataclasses.replace(problem, arrivals_s=trace.planning_s)
+        start = plan or make_plan(sample)
+        workload = Workload.build(
+            problem.topology, problem.profile, trace.arrivals_s, seed=problem.seed
+        )
+        for name in policies:
+            try:
+                policy = build_policy(name, sample, start, trace, settings)
+            except InfeasibleError as exc:
+                skipped.append((trace.name, name, exc.reason))
+                continue
+            results.append(_result(problem, trace, policy, workload, settings))
+    return SimulationReport(
+        pipeline=problem.name,
+        slo_s=problem.slo_s,
+        percentile=problem.percentile,
+        traces=tuple(traces),
+        results=tuple(results),
+        skipped=tuple(skipped),
+    )
