@@ -312,7 +312,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     families = {
         t.name.split("-")[0]: t for t in standard_traces(session.plan.rate_rps, scale=args.scale)
     }
-    traces = []
+    traces: list[Trace] = []
     for name in args.trace or ["all"]:
         if name == "all":
             traces.extend(families.values())

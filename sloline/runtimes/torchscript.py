@@ -27,7 +27,7 @@ from sloline.spec.models import StageSpec
 def import_torch(stage: str) -> Any:
     """The `torch` module, or a `ModelError` telling how to install it."""
     try:
-        import torch  # noqa: PLC0415 - optional dependency, imported only when used
+        import torch
     except ImportError as exc:
         raise ModelError(
             f"stage {stage!r} uses runtime torchscript but PyTorch is not installed; "
