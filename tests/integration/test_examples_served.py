@@ -4,7 +4,7 @@ tritonclient HTTP and gRPC clients, checked against the in-process pipeline."""
 from __future__ import annotations
 
 import asyncio
-import importlib
+import importlib.util
 import re
 import socket
 import subprocess
@@ -49,11 +49,12 @@ def wait_ready(url: str, process: subprocess.Popen[str], timeout_s: float = 60) 
 @pytest.fixture(scope="module")
 def digits_module():
     build_example("digits-cascade")
-    sys.path.insert(0, str(EXAMPLES / "digits-cascade"))
-    try:
-        yield importlib.import_module("digits_stages")
-    finally:
-        sys.path.remove(str(EXAMPLES / "digits-cascade"))
+    path = EXAMPLES / "digits-cascade" / "digits_stages.py"
+    spec = importlib.util.spec_from_file_location("served_digits_stages", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_digits_cascade_via_cli_with_tritonclient(
@@ -94,7 +95,8 @@ def test_digits_cascade_via_cli_with_tritonclient(
             for row in x_test:
                 pixels = mod.InferInput("pixels", [1, 64], "FP32")
                 pixels.set_data_from_numpy(row[None].astype(np.float32))
-                out = client.infer("digits-cascade", [pixels])
+                # A generous deadline: this test checks predictions, not the SLO.
+                out = client.infer("digits-cascade", [pixels], parameters={"timeout_ms": 10_000})
                 assert out.as_numpy("probabilities").shape == (1, 10)
                 predicted.append(int(out.as_numpy("label").ravel()[0]))
             labels[proto] = np.array(predicted)
