@@ -115,17 +115,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     stage_configs(loaded, settings)  # reject bad flags before spending time on profiling
     plan = None
     if not args.no_plan:
-        from sloline.planner.planner import InfeasibleError
-
         check_models(loaded)
-        try:
-            plan = _plan(args, loaded).plan
-        except InfeasibleError as exc:
-            print(
-                f"error: no plan meets the SLO: {exc}\n(serve anyway with --no-plan)",
-                file=sys.stderr,
-            )
-            return 1
+        plan = _plan(args, loaded).plan
         print(plan.to_table())
     configs = stage_configs(loaded, settings, plan)
     pipeline = EmbeddedPipeline(loaded, settings, configs=configs, plan=plan)
@@ -253,21 +244,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace, loaded: LoadedPipeline) -> PlanningSession:
-    from sloline.planner.profiler import ProfilerSettings
+    """Profile (cached) and plan; `main` reports an InfeasibleError."""
     from sloline.planner.session import plan_pipeline
 
-    settings = ProfilerSettings(
-        hardware=tuple(args.profile_hardware.split(",")) if args.profile_hardware else (),
-        max_batch_cap=args.cap,
-        force=args.force,
-        cache_dir=Path(args.cache_dir) if args.cache_dir else None,
-    )
-    return plan_pipeline(
-        loaded,
-        _catalog(args),
-        settings,
-        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
-    )
+    progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    return plan_pipeline(loaded, _catalog(args), progress=progress, profile=_profile(args, loaded))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -275,15 +256,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from sloline.planner.planner import InfeasibleError
     from sloline.planner.session import plot_latency_cdf
 
-    loaded = load_pipeline(args.file)
-    try:
-        session = _plan(args, loaded)
-    except InfeasibleError as exc:
-        print(f"error: no plan meets the SLO: {exc}", file=sys.stderr)
-        return 1
+    session = _plan(args, load_pipeline(args.file))
     print(session.plan.to_table())
     if args.out:
         data = session.plan.to_dict()
@@ -299,19 +274,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from sloline.planner.planner import InfeasibleError
     from sloline.tuner.simulate import POLICIES, simulate
     from sloline.tuner.traces import Trace, standard_traces
 
-    loaded = load_pipeline(args.file)
-    try:
-        session = _plan(args, loaded)
-    except InfeasibleError as exc:
-        print(f"error: no plan meets the SLO: {exc}", file=sys.stderr)
-        return 1
-    families = {
-        t.name.split("-")[0]: t for t in standard_traces(session.plan.rate_rps, scale=args.scale)
-    }
+    session = _plan(args, load_pipeline(args.file))
+    families = {t.name: t for t in standard_traces(session.plan.rate_rps, scale=args.scale)}
     traces: list[Trace] = []
     for name in args.trace or ["all"]:
         if name == "all":
@@ -482,6 +449,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
+    except ValueError as exc:
+        from sloline.planner.planner import InfeasibleError
+
+        if not isinstance(exc, InfeasibleError):
+            raise
+        print(
+            f"error: no plan meets the SLO: {exc}\n(`sloline run --no-plan` serves the "
+            "spec's overrides and flags without planning)",
+            file=sys.stderr,
+        )
+        return 1
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
