@@ -1,0 +1,311 @@
+"""The systems the serving benchmark compares, each run as its own processes.
+
+- `SlolineSystem`: `python -m sloline run` (router + one worker process per stage).
+- `RaySystem`: `benchmarks/ray_app.py` in the default mode or the high-throughput mode
+  (`RAY_SERVE_THROUGHPUT_OPTIMIZED=1`, `RAY_SERVE_ENABLE_HA_PROXY=1`).
+- `FloorSystem`: `benchmarks/floor.py`, the pipeline in one process (it measures itself).
+
+Also here: the JSON-lines child process helper the orchestrator talks through, and CPU
+accounting of a process tree (every process a server started, read from /proc via
+psutil before and after a phase), so "server CPU" includes routers, workers, proxies,
+controllers, raylets and HAProxy alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+RAY_MODES = {
+    "ray-default": {},
+    "ray-ht": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
+}
+
+
+class ChildProcess:
+    """A child speaking JSON lines on stdin/stdout, with deadlines on every answer."""
+
+    def __init__(self, argv: list[str], *, env: dict[str, str] | None = None,
+                 stderr_path: Path | None = None) -> None:  # fmt: skip
+        self._stderr = open(stderr_path, "ab") if stderr_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._stderr, env=env, cwd=HERE.parent)  # fmt: skip
+        self._buffer = b""
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def read(self, timeout_s: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"pid {self.pid}: no answer within {timeout_s:.0f} s")
+                if sel.select(left):
+                    chunk = os.read(fd, 1 << 16)
+                    if not chunk:
+                        raise RuntimeError(f"pid {self.pid} exited (code {self.proc.wait()})")
+                    self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return dict(json.loads(line))
+
+    def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        self.send(message)
+        return self.read(timeout_s)
+
+    def close(self, grace_s: float = 30.0) -> None:
+        """Close stdin (the polite stop), then SIGTERM, then SIGKILL the whole tree."""
+        stop_tree(self.proc, grace_s, polite=lambda: self.proc.stdin and self.proc.stdin.close())
+        if self._stderr is not subprocess.DEVNULL:
+            self._stderr.close()
+
+
+def stop_tree(proc: subprocess.Popen[bytes], grace_s: float, polite: Any = None) -> None:
+    """Stop `proc` and every process it started (only those), politely first."""
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    if polite is not None:
+        polite()
+    else:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+    _, alive = psutil.wait_procs(tree, timeout=5)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+
+
+def tree_cpu(root_pid: int) -> dict[int, tuple[float, str]]:
+    """CPU seconds (user + system) and a role label of `root_pid` and all its
+    descendants, by pid."""
+    try:
+        root = psutil.Process(root_pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    out = {}
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = (t.user + t.system, role(p.cmdline()))
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def role(cmdline: list[str]) -> str:
+    """A short name for a server process: sloline router/worker, Ray actor or daemon."""
+    if "--worker-id" in cmdline:
+        return "worker " + cmdline[cmdline.index("--worker-id") + 1].rsplit("-", 1)[0]
+    if "run" in cmdline and "sloline" in cmdline:
+        return "router"
+    if cmdline and cmdline[0].startswith("ray::"):
+        return cmdline[0].replace("ServeReplica:pipeline:", "")
+    for arg in cmdline:
+        name = Path(arg).name
+        if name in ("gcs_server", "raylet", "haproxy") or name.endswith(".py"):
+            return name
+    return Path(cmdline[0]).name if cmdline else "?"
+
+
+@dataclass
+class CpuMeter:
+    """Server CPU over a phase, plus what the whole machine did meanwhile."""
+
+    root_pid: int
+    _before: dict[int, tuple[float, str]] = field(default_factory=dict)
+    _machine: Any = None
+    _t0: float = 0.0
+
+    def start(self) -> None:
+        self._before = tree_cpu(self.root_pid)
+        self._machine = psutil.cpu_times()
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> dict[str, float]:
+        after = tree_cpu(self.root_pid)
+        machine = psutil.cpu_times()
+        wall = time.perf_counter() - self._t0
+        by_role: dict[str, float] = {}
+        for pid, (cpu, name) in after.items():
+            before = self._before.get(pid, (0.0, name))[0]
+            by_role[name] = by_role.get(name, 0.0) + cpu - before
+        server = sum(by_role.values())
+        busy = sum(getattr(machine, f) - getattr(self._machine, f)
+                   for f in ("user", "system", "nice", "irq", "softirq", "steal"))  # fmt: skip
+        return {
+            "server_cpu_s": server,
+            "server_cpu_s_by_process": by_role,
+            "machine_busy_cores": busy / wall,
+            "phase_wall_s": wall,
+        }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, body: bytes | None, deadline_s: float, what: str,
+              headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    """Poll `url` (GET, or POST `body`) until it answers 200, or raise after the deadline."""
+    deadline = time.monotonic() + deadline_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            req = urllib.request.Request(url, data=body, headers=headers or {})
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as exc:
+            last = str(exc)
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} did not answer 200 at {url} within {deadline_s:.0f} s: {last}")
+
+
+class SlolineSystem:
+    name = "sloline"
+
+    def __init__(self, pipeline_file: Path, max_batch: dict[str, int], run_dir: Path) -> None:
+        self.pipeline_file = pipeline_file
+        self.max_batch = max_batch
+        self.run_dir = run_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        self.port, grpc_port = free_port(), free_port()
+        # A fixed configuration, the same as every other system's: no planning, no tuner
+        # (`sloline run` would otherwise profile, plan and autoscale replicas under the
+        # benchmark's load), one replica per stage, the given max batch.
+        # A status interval longer than the run rather than 0: with 0, `sloline run`'s
+        # status loop spins on `wait_for(stop.wait(), 0)` and burns a core (reported).
+        argv = [sys.executable, "-m", "sloline", "run", str(self.pipeline_file),
+                "--port", str(self.port), "--grpc-port", str(grpc_port), "--no-plan",
+                "--no-tuner", "--status-interval", "86400", "--duration", "3600",
+                "--log-dir", str(self.run_dir / "sloline-workers")]  # fmt: skip
+        for stage, batch in self.max_batch.items():
+            argv += ["--max-batch", f"{stage}={batch}", "--replicas", f"{stage}=1"]
+        self.argv = argv
+        log = open(self.run_dir / "sloline.log", "ab")  # noqa: SIM115 (closed with the process)
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        log.close()
+        wait_http(f"http://127.0.0.1:{self.port}/v2/health/ready", None, timeout_s, "sloline")
+
+    @property
+    def root_pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def endpoint(self, workload: Any) -> tuple[str, Path, dict[str, str]]:
+        """OIP v2 REST with the binary tensor extension (what tritonclient.http sends)."""
+        return (f"http://127.0.0.1:{self.port}/v2/models/{workload.model}/infer",
+                workload.sloline_body_file, workload.sloline_headers)  # fmt: skip
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_tree(self.proc, 20.0)  # SIGTERM: drain, stop workers, close ports
+            self.proc = None
+
+
+class RaySystem:
+    def __init__(self, mode: str, pipeline_file: Path, max_batch: dict[str, int],
+                 threads: dict[str, int], run_dir: Path,
+                 extra_env: dict[str, str] | None = None) -> None:  # fmt: skip
+        self.name = mode
+        self.env = {**os.environ, **RAY_MODES[mode], **(extra_env or {})}
+        self.pipeline_file = pipeline_file
+        self.max_batch = max_batch
+        self.threads = threads
+        self.run_dir = run_dir
+        self.child: ChildProcess | None = None
+        self.port = 0
+        self.startup: dict[str, Any] = {}
+
+    def start(self, timeout_s: float = 240.0) -> None:
+        self.port = free_port()
+        argv = [sys.executable, str(HERE / "ray_app.py"), str(self.pipeline_file),
+                "--port", str(self.port)]  # fmt: skip
+        for stage, batch in self.max_batch.items():
+            argv += ["--max-batch", f"{stage}={batch}"]
+        for stage, threads in self.threads.items():
+            argv += ["--threads", f"{stage}={threads}"]
+        self.child = ChildProcess(argv, env=self.env, stderr_path=self.run_dir / f"{self.name}.log")
+        self.startup = self.child.read(timeout_s)
+
+    @property
+    def root_pid(self) -> int:
+        assert self.child is not None
+        return self.child.pid
+
+    def endpoint(self, workload: Any) -> tuple[str, Path, dict[str, str]]:
+        """The input tensor's raw bytes to Ray's HTTP proxy (or HAProxy)."""
+        return f"http://127.0.0.1:{self.port}/", workload.raw_body_file, {}
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.close(grace_s=60.0)
+            self.child = None
+
+
+class FloorSystem:
+    name = "floor"
+
+    def __init__(self, pipeline_file: Path, max_batch: dict[str, int], threads: int,
+                 run_dir: Path) -> None:  # fmt: skip
+        self.pipeline_file = pipeline_file
+        self.max_batch = max_batch
+        self.threads = threads
+        self.run_dir = run_dir
+        self.child: ChildProcess | None = None
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        self.child = ChildProcess([sys.executable, str(HERE / "floor.py")],
+                                  stderr_path=self.run_dir / "floor.log")  # fmt: skip
+        answer = self.child.request({"kind": "load", "pipeline": str(self.pipeline_file),
+                                     "threads": self.threads, "max_batch": self.max_batch},
+                                    timeout_s)  # fmt: skip
+        if "failed" in answer:
+            raise RuntimeError(f"floor: {answer['failed']}")
+
+    @property
+    def root_pid(self) -> int:
+        assert self.child is not None
+        return self.child.pid
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.close(grace_s=10.0)
+            self.child = None
