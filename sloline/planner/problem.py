@@ -197,15 +197,17 @@ class PlanningProblem:
 
     def batch_options(self, name: str, hardware: str) -> tuple[int, ...]:
         """Max batch sizes the planner may use: the pin, else 1, 2, 4, ... and the cap
-        (the values IncreaseBatch reaches by doubling, §4.3)."""
+        (the values IncreaseBatch reaches by doubling, §4.3), leaving out sizes whose batch
+        alone takes longer than the SLO: such a batch can never be served in time."""
         pin = self.override(name).max_batch
         if pin is not None:
             return (pin,)
-        cap = self.stage_profile(name, hardware).cap
+        profile = self.stage_profile(name, hardware)
+        stat = summary_stat(self.service)
         sizes = [1]
-        while sizes[-1] < cap:
-            sizes.append(min(2 * sizes[-1], cap))
-        return tuple(sizes)
+        while sizes[-1] < profile.cap:
+            sizes.append(min(2 * sizes[-1], profile.cap))
+        return tuple(b for b in sizes if b == 1 or profile.latency_s(b, stat) <= self.slo_s)
 
     def single_latency_s(self, name: str, hardware: str) -> float:
         """Service time of a batch of one under the estimator's statistic."""

@@ -168,8 +168,9 @@ class StageProfile:
         """Empirical service-time distribution per batch size, ``table[k, j]`` (seconds).
 
         Row k holds J equally likely values: at measured sizes the sorted samples (resampled
-        to the smallest sample count when counts differ), between them the interpolation of
-        the neighbours' rows, so the same column j is the same quantile at every batch size.
+        to the largest sample count when counts differ, so no measured tail is dropped),
+        between them the interpolation of the neighbours' rows, so the same column j is the
+        same quantile at every batch size.
         """
         self._check_batch(max_batch)
         if any(not p.samples_s for p in self.points):
@@ -178,7 +179,7 @@ class StageProfile:
                 f"profile on {self.hardware!r} has no raw samples for batch sizes {missing}; "
                 "use a summary service mode (p50, mean, p99) or exponential"
             )
-        count = min(len(p.samples_s) for p in self.points)
+        count = max(len(p.samples_s) for p in self.points)
         levels = (np.arange(count, dtype=np.float64) + 0.5) / count
         rows = np.stack(
             [

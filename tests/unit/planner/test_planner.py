@@ -159,6 +159,14 @@ def test_a_loose_slo_moves_the_dnn_to_the_cheaper_hardware_and_batches() -> None
     assert loose.tail_s <= 0.5
 
 
+def test_batch_sizes_whose_batch_alone_misses_the_slo_are_not_options() -> None:
+    problem = two_stage(60.0, slo_s=0.1)
+    assert problem.batch_options("dnn", "cpu") == (1, 2)  # b=4 takes 160 ms > 100 ms
+    assert problem.batch_options("dnn", "gpu") == (1, 2, 4)
+    dnn = plan(problem).stage("dnn")
+    assert dnn.hardware == "gpu" or dnn.max_batch <= 2
+
+
 def test_pins_and_replica_bounds_are_respected() -> None:
     problem = two_stage(
         60.0,
