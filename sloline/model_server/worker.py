@@ -50,8 +50,9 @@ class WorkerSettings:
     cpus: tuple[int, ...] = ()  # CPU affinity of the hardware class, if any
 
 
-def run_batch(runner: StageRunner, batch: pb.Batch) -> pb.Result:
-    """Run one batch through the model; model errors become the batch's error text."""
+def run_batch(runner: StageRunner, batch: pb.Batch) -> pb.WorkerMessage:
+    """Run one batch through the model; model errors become the batch's error text. The
+    reply is built in place: nested constructors would copy every output's bytes again."""
     items = [
         {
             t.name: np.frombuffer(t.data, dtype=DTYPES[t.datatype]).reshape(t.shape)
@@ -59,33 +60,28 @@ def run_batch(runner: StageRunner, batch: pb.Batch) -> pb.Result:
         }
         for item in batch.items
     ]
+    message = pb.WorkerMessage()
+    result = message.result
+    result.batch_id = batch.batch_id
     start = time.perf_counter()
     try:
         outputs = runner.run(items)
     except Exception as exc:  # the model's failure is reported, never kills the worker
         log.exception("batch %d failed", batch.batch_id)
-        return pb.Result(
-            batch_id=batch.batch_id,
-            error=f"{type(exc).__name__}: {exc}",
-            service_s=time.perf_counter() - start,
-        )
-    service_s = time.perf_counter() - start
-    result = pb.Result(batch_id=batch.batch_id, service_s=service_s)
+        result.error = f"{type(exc).__name__}: {exc}"
+        result.service_s = time.perf_counter() - start
+        return message
+    result.service_s = time.perf_counter() - start
     for out in outputs:
-        result.items.append(
-            pb.ItemResult(
-                tensors=[
-                    pb.Tensor(
-                        name=name,
-                        datatype=datatype_of(arr),
-                        shape=arr.shape,
-                        data=np.ascontiguousarray(arr).tobytes(),
-                    )
-                    for name, arr in out.items()
-                ]
+        tensors = result.items.add().tensors
+        for name, arr in out.items():
+            tensors.add(
+                name=name,
+                datatype=datatype_of(arr),
+                shape=arr.shape,
+                data=np.ascontiguousarray(arr).tobytes(),
             )
-        )
-    return result
+    return message
 
 
 class Worker:
@@ -162,7 +158,7 @@ class Worker:
             while (message := await call.read()) is not grpc.aio.EOF:
                 assert isinstance(message, pb.RouterMessage)
                 if message.HasField("batch"):
-                    result = pb.WorkerMessage(result=run_batch(self.runner, message.batch))
+                    result = run_batch(self.runner, message.batch)
                     async with lock:
                         await call.write(result)
         finally:

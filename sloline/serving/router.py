@@ -297,17 +297,16 @@ class Router:
                 raise RuntimeError(f"dispatch to unknown worker {dispatch.worker}")
             self.metrics.batch(queue.stage, len(dispatch.items))
             self.stats.stage_batch[queue.stage].add(self.clock(), len(dispatch.items))
-            batch = pb.Batch(batch_id=dispatch.batch_id)
+            # Built in place: constructing sub-messages and appending them copies every
+            # tensor's bytes once more per level (protobuf copies on append/assign).
+            message = pb.RouterMessage()
+            batch = message.batch
+            batch.batch_id = dispatch.batch_id
             for item in dispatch.items:
-                batch.items.append(
-                    pb.Item(
-                        tensors=[
-                            pb.Tensor(name=n, datatype=t.datatype, shape=t.shape, data=t.data)
-                            for n, t in item.inputs.items()
-                        ]
-                    )
-                )
-            conn.outbox.put_nowait(pb.RouterMessage(batch=batch))
+                tensors = batch.items.add().tensors
+                for n, t in item.inputs.items():
+                    tensors.add(name=n, datatype=t.datatype, shape=t.shape, data=t.data)
+            conn.outbox.put_nowait(message)
         for item in step.expired:
             item.request.fail(
                 DeadlineExceeded(f"deadline passed while queued at stage {queue.stage!r}")
