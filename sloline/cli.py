@@ -157,8 +157,13 @@ async def _serve(pipeline: object, args: argparse.Namespace) -> int:
         redraw = sys.stdout.isatty()
         drawn = 0
         while not stop.is_set():
+            # Without a status line, sleep until stopped (or until --duration ends).
+            timeout = interval if interval > 0 else None
+            if args.duration:
+                left = max(0.0, args.duration - (time.monotonic() - started))
+                timeout = left if timeout is None else min(timeout, left)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+                await asyncio.wait_for(stop.wait(), timeout)
             if args.duration and time.monotonic() - started >= args.duration:
                 break
             if interval <= 0 or stop.is_set():
