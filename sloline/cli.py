@@ -91,6 +91,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
             worker_id=args.worker_id,
             parent_pid=args.parent_pid,
             cpus=tuple(int(c) for c in args.cpus.split(",")) if args.cpus else (),
+            health_host=args.health_host,
+            health_port=args.health_port,
+            stop_timeout_s=args.stop_timeout_s,
         )
     )
 
@@ -200,6 +203,43 @@ async def _serve(pipeline: object, args: argparse.Namespace) -> int:
             drawn = text.count("\n") + 1
         print("stopping: draining in-flight requests, then workers", flush=True)
     return 0
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    from sloline.serving.router import RouterSettings
+    from sloline.serving.server import ServerSettings
+    from sloline.standalone import describe, load_plan, standalone_router
+
+    loaded = load_pipeline(args.pipeline)
+    plan = load_plan(args.plan) if args.plan else None
+    app = standalone_router(
+        loaded,
+        plan,
+        server=ServerSettings(
+            host=args.host,
+            http_port=args.port,
+            grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port,
+        ),
+        router=RouterSettings(queue_capacity=args.queue_capacity),
+        drain_s=args.drain_s,
+    )
+
+    async def serve() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with app:
+            print(f"sloline {__version__}: {describe(app, plan)}", flush=True)
+            await stop.wait()
+            print(
+                f"stopping: refusing new requests, draining {app.router.inflight} in flight",
+                flush=True,
+            )
+        return 0
+
+    return asyncio.run(serve())
 
 
 def _catalog(args: argparse.Namespace) -> HardwareCatalog:
@@ -336,6 +376,100 @@ def cmd_profile_stage(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+
+
+def cmd_profile_job(args: argparse.Namespace) -> int:
+    import os
+
+    from sloline.planner.profile_message import MAX_MESSAGE_BYTES
+
+    out = Path(os.environ.get("SLOLINE_TERMINATION_LOG") or DEFAULT_TERMINATION_LOG)
+    try:
+        with out.open("a"):  # fail before spending minutes on measurements
+            pass
+    except OSError as exc:
+        print(
+            f"error: cannot write the profile to {out} ({exc.strerror}); set "
+            "SLOLINE_TERMINATION_LOG to a writable file (Kubernetes provides "
+            f"{DEFAULT_TERMINATION_LOG})",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        text = _profile_job_message(args)
+    except Exception as exc:
+        # The reason reaches the operator through the pod's termination message.
+        out.write_text(f"error: {exc}"[:MAX_MESSAGE_BYTES])
+        raise
+    out.write_text(text)
+    print(text, flush=True)
+    return 0
+
+
+def _profile_job_message(args: argparse.Namespace) -> str:
+    from sloline.planner.profile_message import encode_message
+    from sloline.planner.profiler import ProfilerSettings, profile_job
+
+    if args.hop_requests and args.hop_requests < 50:
+        raise PipelineError([Issue("--hop-requests", "use 0 (skip) or at least 50")], "flags")
+    loaded = load_pipeline(args.pipeline)
+    try:
+        hw = _catalog(args).get(args.hardware)
+    except KeyError as exc:
+        raise PipelineError([Issue("--hardware", str(exc.args[0]))], "flags") from None
+    if args.stage not in loaded.graph.stages:
+        raise PipelineError(
+            [Issue("--stage", f"no stage {args.stage!r}; stages: {list(loaded.graph.order)}")],
+            "flags",
+        )
+    if loaded.pipeline.spec.samples is None:
+        print("warning: no spec.samples; profiling with zero inputs", file=sys.stderr)
+    message = profile_job(
+        loaded,
+        args.stage,
+        hw,
+        ProfilerSettings(max_batch_cap=args.cap, repeats=args.repeats, budget_s=args.budget_s),
+        hop_requests=args.hop_requests,
+        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )
+    return encode_message(message)
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    import os
+
+    from sloline.operator.run import run_operator
+    from sloline.operator.settings import load_settings
+
+    run_operator(
+        load_settings(args.config),  # else $SLOLINE_OPERATOR_CONFIG, else the defaults
+        kubeconfig=os.environ.get("KUBECONFIG") or None,
+        namespaces=[] if args.all_namespaces else args.namespace,
+        standalone=args.standalone,
+        metrics_port=args.metrics_port,
+        liveness_endpoint=args.liveness,
+    )
+    return 0
+
+
+def _add_operator_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("operator", help="run the Kubernetes operator (kopf; the `k8s` extra)")
+    p.add_argument("--config", help="settings file (default: $SLOLINE_OPERATOR_CONFIG)")
+    p.add_argument(
+        "-n", "--namespace", action="append", default=[], help="serve this namespace (repeat)"
+    )
+    p.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="serve every namespace (default)"
+    )
+    p.add_argument("--metrics-port", type=int, default=8080, help="/metrics port; 0 = off")
+    p.add_argument("--liveness", help="kopf's health endpoint, e.g. http://0.0.0.0:8081/healthz")
+    p.add_argument("--standalone", action="store_true", help="no peering with other operators")
+    # Also accepted after the command; SUPPRESS keeps `sloline -v operator` working.
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_operator)
+
+
 def _add_profile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--catalog", help="hardware catalog YAML (default: built-in CPU classes)")
     p.add_argument(
@@ -384,7 +518,9 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     _add_profile_flags(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("worker", help="serve one stage's model to a router (internal)")
+    p = sub.add_parser(
+        "worker", help="serve one stage's model to a router (started by `run`, or one per pod)"
+    )
     p.add_argument("--pipeline", required=True)
     p.add_argument("--stage", required=True)
     p.add_argument("--router", required=True, help="router gRPC address host:port")
@@ -394,7 +530,34 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("--worker-id", default="")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
     p.add_argument("--cpus", default="", help="CPU affinity, e.g. 0,1")
+    p.add_argument("--health-host", default="127.0.0.1", help="address of /live and /ready")
+    p.add_argument(
+        "--health-port", type=int, default=None, help="serve /live and /ready (default: off)"
+    )
+    p.add_argument(
+        "--stop-timeout-s",
+        type=float,
+        default=25.0,
+        help="after SIGTERM, exit even if the router has not closed the stream",
+    )
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser(
+        "router", help="serve a pipeline's router only; workers dial in (Kubernetes mode)"
+    )
+    p.add_argument("--pipeline", required=True, help="the pipeline file")
+    p.add_argument("--plan", help="plan from `sloline plan --out` (max batch per stage)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (a pod: its IP)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    p.add_argument(
+        "--grpc-port", type=int, default=8001, help="gRPC port, clients and workers (8001)"
+    )
+    p.add_argument("--metrics-port", type=int, default=8002, help="/metrics port (8002)")
+    p.add_argument("--queue-capacity", type=int, default=1024, help="items per stage queue")
+    p.add_argument(
+        "--drain-s", type=float, default=5.0, help="on SIGTERM, wait this long for requests"
+    )
+    p.set_defaults(func=cmd_router)
 
     p = sub.add_parser("profile", help="measure each stage on each hardware class (cached)")
     p.add_argument("file")
@@ -433,6 +596,28 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("--budget-s", type=float, default=2.0)
     p.set_defaults(func=cmd_profile_stage)
 
+    p = sub.add_parser(
+        "profile-job",
+        help="profile one stage on this machine's hardware class; the result goes to "
+        "$SLOLINE_TERMINATION_LOG (Kubernetes profiling Job)",
+    )
+    p.add_argument("--pipeline", required=True)
+    p.add_argument("--stage", required=True)
+    p.add_argument("--hardware", required=True, help="the class this pod runs on")
+    p.add_argument("--catalog", help="hardware catalog YAML (default: built-in CPU classes)")
+    p.add_argument("--cap", type=int, default=32, help="largest batch size profiled")
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--budget-s", type=float, default=2.0, help="seconds per batch size")
+    p.add_argument(
+        "--hop-requests",
+        type=int,
+        default=300,
+        help="requests for the per-hop overhead measurement; 0 skips it",
+    )
+    p.set_defaults(func=cmd_profile_job)
+
+    _add_operator_parser(sub)
+
     p = sub.add_parser("crd", help="print the PredictionPipeline CRD generated from the spec")
     p.add_argument("--reference", action="store_true", help="print the markdown field reference")
     p.set_defaults(func=cmd_crd)
@@ -445,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.command in ("run", "worker"):
+    if args.command in ("run", "router", "worker"):
         from sloline.serving.memory import tune_malloc
 
         tune_malloc()

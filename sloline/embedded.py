@@ -19,17 +19,14 @@ from prometheus_client import CollectorRegistry
 from sloline.backends.base import ReplicaStatus
 from sloline.backends.local import LocalBackend, StageLaunch
 from sloline.planner.plan import Plan
-from sloline.serving.router import Router, RouterSettings
-from sloline.serving.server import RouterServer, ServerSettings
+from sloline.serving.app import RouterApp
+from sloline.serving.metrics import TunerMetrics
+from sloline.serving.router import RouterSettings
+from sloline.serving.server import ServerSettings
 from sloline.spec import DEFAULT_CATALOG, HardwareCatalog, LoadedPipeline, PipelineError
 from sloline.spec.validate import Issue
-from sloline.tuner.envelope import StreamingEnvelope, window_sizes
 from sloline.tuner.policy import TunerSettings, effective_rhos
 from sloline.tuner.sources import StageTuning, StreamingSource, Tuner
-
-# The envelope gauges report the max over this look-back; Prometheus adds its own
-# max_over_time on top, so keep it near a scrape interval.
-ENVELOPE_GAUGE_LOOKBACK_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,41 +137,31 @@ class EmbeddedPipeline:
         self.tuner: Tuner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
-        self.registry = registry or CollectorRegistry()
         catalog = self.settings.catalog
         self.backend: LocalBackend | None = None
-        # Envelope windows T_s * 2^k up to 60 s (InferLine §5): the plan's, so observed and
-        # planned envelopes compare window by window; without a plan T_s is the SLO,
-        # capped at 100 ms so sub-second bursts are always visible.
-        slo_s = loaded.pipeline.spec.slo.latency_ms / 1000.0
-        clock = time.monotonic
-        windows = plan.envelope.windows_s if plan else window_sizes(min(0.1, slo_s), 60.0)
-        self.envelope = StreamingEnvelope(windows, start_s=clock())
-        self.router = Router(
-            loaded.graph,
+        # The plan's envelope windows, so observed and planned envelopes compare window by
+        # window (without a plan, RouterApp's default windows).
+        self.app = RouterApp(
+            loaded,
             max_batch={n: c.max_batch for n, c in self.configs.items()},
-            settings=self.settings.router,
-            registry=self.registry,
+            server=self.settings.server,
+            router=self.settings.router,
+            plan_envelope=plan.envelope if plan else None,
+            registry=registry,
             desired_replicas=lambda: self.backend.desired() if self.backend else {},
-            clock=clock,
-            on_arrival=self.envelope.observe,
-            envelope=lambda: dict(
-                zip(
-                    self.envelope.windows_s,
-                    self.envelope.rates(clock(), ENVELOPE_GAUGE_LOOKBACK_S),
-                    strict=True,
-                )
-            ),
             cost_per_hour=lambda: {
                 n: catalog.get(c.hardware).cost_per_hour * d
                 for n, c in self.configs.items()
                 for d in [self.backend.desired()[n] if self.backend else c.replicas]
             },
         )
-        self.server = RouterServer(self.router, self.registry, self.settings.server)
+        self.registry = self.app.registry
+        self.envelope = self.app.envelope
+        self.router = self.app.router
+        self.server = self.app.server
 
     async def __aenter__(self) -> EmbeddedPipeline:
-        await self.server.start()
+        await self.app.start()
         log_dir = self.settings.log_dir or Path(tempfile.mkdtemp(prefix="sloline-"))
         host = self.settings.server.host
         self.backend = LocalBackend(
@@ -233,6 +220,9 @@ class EmbeddedPipeline:
             source=StreamingSource(self.envelope, lookback_s=settings.envelope_lookback_s),
             actuator=Actuator(),
             settings=settings,
+            on_decision=TunerMetrics(self.registry).recorder(
+                self.loaded.name, [s.name for s in stages]
+            ),
         )
 
     async def __aexit__(self, *exc: object) -> None:
@@ -260,18 +250,15 @@ class EmbeddedPipeline:
         self._stop.set()
         for task in self._tasks:
             await task
-        self.router.draining = True
-        deadline = time.monotonic() + drain_s
-        while self.router.inflight and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await self.app.drain(drain_s)
         if self.backend is not None:
             await self.backend.stop()
-        await self.server.stop()
+        await self.app.stop()
 
     @property
     def http_url(self) -> str:
-        return f"{self.settings.server.host}:{self.server.http_port}"
+        return self.app.http_url
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.settings.server.host}:{self.server.grpc_port}"
+        return self.app.grpc_url

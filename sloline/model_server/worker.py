@@ -5,8 +5,13 @@ warm it up, then dial the router and say Hello (so a replica counts as ready onl
 can serve). Then: receive a batch, run it, return per-item results, repeat. One batch is
 in flight at a time (the credit the router's queue accounts for).
 
-SIGTERM/SIGINT: finish the batch in hand, tell the router it is leaving, exit 0. If the
-router is unreachable or restarts, reconnect with capped exponential backoff.
+SIGTERM/SIGINT: finish the batch in hand, tell the router it is leaving, exit 0 (within
+`stop_timeout_s`, under Kubernetes' grace period, even if the router never answers). If
+the router is unreachable, does not resolve yet or restarts, reconnect with capped,
+jittered exponential backoff until stopped: on Kubernetes pods start in any order.
+
+Optional health endpoint (`--health-port`, see `health.py`): `/live` from the start,
+`/ready` once the model is loaded and the stream to the router is up.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import random
 import signal
 import time
 from dataclasses import dataclass
@@ -24,6 +30,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from sloline.model_server.health import HealthServer, HealthState
 from sloline.runtimes import StageRunner, load_pipeline_stage
 from sloline.serving.proto import worker_pb2 as pb
 from sloline.serving.proto import worker_pb2_grpc as pb_grpc
@@ -48,6 +55,9 @@ class WorkerSettings:
     reconnect_max_s: float = 5.0
     parent_pid: int | None = None  # exit with this process (set by the local backend)
     cpus: tuple[int, ...] = ()  # CPU affinity of the hardware class, if any
+    health_host: str = "127.0.0.1"
+    health_port: int | None = None  # serve /live and /ready here (Kubernetes probes)
+    stop_timeout_s: float = 25.0  # after SIGTERM, give up on a silent router (grace 30 s)
 
 
 def run_batch(runner: StageRunner, batch: pb.Batch) -> pb.WorkerMessage:
@@ -85,11 +95,23 @@ def run_batch(runner: StageRunner, batch: pb.Batch) -> pb.WorkerMessage:
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings, runner: StageRunner, pipeline: str) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        runner: StageRunner,
+        pipeline: str,
+        health: HealthState | None = None,
+    ) -> None:
         self.settings = settings
         self.runner = runner
         self.pipeline = pipeline
+        self.health = health or HealthState()
         self.stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Begin a graceful stop (the SIGTERM handler)."""
+        self.health.stopping = True
+        self.stopping.set()
 
     def hello(self) -> pb.WorkerMessage:
         s = self.settings
@@ -115,12 +137,14 @@ class Worker:
                     break
                 reason = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
                 log.warning(
-                    "router %s: %s; retrying in %.2fs", self.settings.router, reason, backoff
+                    "router %s: %s; retrying within %.2fs", self.settings.router, reason, backoff
                 )
             if self.stopping.is_set():
                 break
+            # Jitter spreads the reconnects of many workers after a router restart.
+            delay_s = backoff * random.uniform(0.5, 1.0)
             try:
-                await asyncio.wait_for(self.stopping.wait(), backoff)
+                await asyncio.wait_for(self.stopping.wait(), delay_s)
             except TimeoutError:
                 backoff = min(backoff * 2, self.settings.reconnect_max_s)
 
@@ -138,7 +162,11 @@ class Worker:
             if welcome.welcome.error:
                 raise SystemExit(f"router refused this worker: {welcome.welcome.error}")
             log.info("stage %s connected to %s", self.settings.stage, self.settings.router)
-            await self._loop(call)
+            self.health.connected = True
+            try:
+                await self._loop(call)
+            finally:
+                self.health.connected = False
 
     async def _loop(
         self, call: grpc.aio.StreamStreamCall[pb.WorkerMessage, pb.RouterMessage]
@@ -178,23 +206,55 @@ def _die_with_parent(parent_pid: int | None) -> None:
         raise SystemExit(f"supervisor pid {parent_pid} is gone")
 
 
+def _exit_now(_signum: int, _frame: object) -> None:
+    """SIGTERM before serving (while loading): nothing to finish, so exit 0 at once."""
+    raise SystemExit(0)
+
+
 def main(settings: WorkerSettings) -> int:
     """Entry point of `sloline worker`: load, warm up, serve; return the exit code."""
     _die_with_parent(settings.parent_pid)
+    signal.signal(signal.SIGTERM, _exit_now)
     if settings.cpus:
         os.sched_setaffinity(0, settings.cpus)
-    loaded = load_pipeline(settings.pipeline_file)
-    runner = load_pipeline_stage(
-        loaded, settings.stage, threads=settings.threads, cuda_device=settings.cuda_device
-    )
-    runner.warmup()
-    worker = Worker(settings, runner, loaded.name)
-
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stopping.set)
-        await worker.serve()
-
-    asyncio.run(run())
+    health = HealthState()
+    server = None
+    if settings.health_port is not None:
+        server = HealthServer(health, settings.health_host, settings.health_port)
+        server.start()
+        log.info("health probes on %s:%d (/live, /ready)", settings.health_host, server.port)
+    try:
+        loaded = load_pipeline(settings.pipeline_file)
+        runner = load_pipeline_stage(
+            loaded, settings.stage, threads=settings.threads, cuda_device=settings.cuda_device
+        )
+        runner.warmup()
+        health.loaded = True
+        worker = Worker(settings, runner, loaded.name, health)
+        asyncio.run(_serve(worker))
+    finally:
+        if server is not None:
+            server.stop()
     return 0
+
+
+async def _serve(worker: Worker) -> None:
+    """Serve until stopped; after a stop, wait at most `stop_timeout_s` for the goodbye."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    serving = asyncio.create_task(worker.serve())
+    stopped = asyncio.create_task(worker.stopping.wait())
+    await asyncio.wait({serving, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    done, _ = await asyncio.wait({serving}, timeout=worker.settings.stop_timeout_s)
+    if not done:
+        log.warning(
+            "the router did not close the stream within %.0fs of the stop; exiting",
+            worker.settings.stop_timeout_s,
+        )
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        return
+    await serving  # re-raises what ended it, e.g. the router refusing this worker

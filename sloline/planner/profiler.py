@@ -10,6 +10,10 @@
 3. The router's per-hop overhead is measured on a real router and worker: the end-to-end
    time of a one-stage identity pipeline minus the worker's own service time.
 
+On Kubernetes, `profile_job` does steps 1-3 for one (stage, class) inside a Job's pod,
+which runs on that class's nodes; the result becomes a termination message
+(`profile_message.py`).
+
 Results are cached on disk per (stage, hardware class), keyed by a digest of the stage's
 spec, its model file or Python module, the hardware class, the runtime versions and the
 sample inputs, so re-profiling happens only when one of those changes (or `force`).
@@ -34,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
-from sloline.runtimes import import_entrypoint, load_pipeline_stage
+from sloline.planner.profile_message import ProfileMessage
+from sloline.runtimes import StageRunner, import_entrypoint, load_pipeline_stage
 from sloline.serving.inprocess import InProcessPipeline
 from sloline.spec import HardwareCatalog, HardwareClass, Issue, LoadedPipeline, PipelineError
 
@@ -159,7 +164,16 @@ def measure_stage(
     from sloline.spec import load_pipeline
 
     runner = load_pipeline_stage(load_pipeline(pipeline_file), stage, threads=threads)
-    items = _load_inputs(inputs_file)
+    return time_batches(
+        runner, _load_inputs(inputs_file), cap=cap, repeats=repeats, budget_s=budget_s
+    )
+
+
+def time_batches(
+    runner: StageRunner, items: Sequence[Arrays], *, cap: int, repeats: int, budget_s: float
+) -> list[BatchLatency]:
+    """Latency of one batch at sizes 1, 2, 4, ... up to `cap` (inputs cycled from `items`),
+    stopping early once doubling the batch gains under 5% throughput twice in a row."""
     points: list[BatchLatency] = []
     batch, slow_gains = 1, 0
     while batch <= cap:
@@ -343,6 +357,46 @@ def profile_pipeline(
     progress("measuring the router's per-hop overhead ...")
     hop_s = measure_hop_s(samples[0])
     return PipelineProfile(stages=stages, hop_s=hop_s, visits=visits, visit_stages=order)
+
+
+def profile_job(
+    loaded: LoadedPipeline,
+    stage: str,
+    hw: HardwareClass,
+    settings: ProfilerSettings | None = None,
+    *,
+    hop_requests: int = 300,
+    progress: Progress = lambda _msg: None,
+) -> ProfileMessage:
+    """Profile one stage on the hardware this process runs on (`sloline profile-job`, the
+    body of a Kubernetes profiling Job): trace the samples in process for the stage's
+    inputs and the visit matrix, time the stage with the class's thread budget, and
+    measure the per-hop overhead on loopback (skipped when `hop_requests` is 0)."""
+    settings = settings or ProfilerSettings()
+    samples = load_samples(loaded, settings.samples)
+    progress(f"tracing {len(samples)} sample(s) through {loaded.name!r} ...")
+    stage_inputs, visits = trace_samples(loaded, samples)
+    inputs = (stage_inputs[stage] or _fallback_inputs(loaded, stage))[: settings.max_batch_cap * 2]
+    progress(f"timing {stage} with {hw.embedded.threads} thread(s) ...")
+    runner = load_pipeline_stage(loaded, stage, threads=hw.embedded.threads)
+    points = time_batches(
+        runner,
+        inputs,
+        cap=settings.max_batch_cap,
+        repeats=settings.repeats,
+        budget_s=settings.budget_s,
+    )
+    hop_s = None
+    if hop_requests > 0:
+        progress("measuring the router's per-hop overhead ...")
+        hop_s = measure_hop_s(samples[0], requests=hop_requests)
+    return ProfileMessage(
+        stage=stage,
+        profile=StageProfile(hardware=hw.name, points=tuple(points)),
+        hop_s=hop_s,
+        visits=visits,
+        visit_stages=loaded.graph.order,
+    )
 
 
 def _fallback_inputs(loaded: LoadedPipeline, stage: str) -> list[Arrays]:

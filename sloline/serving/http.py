@@ -2,7 +2,8 @@
 
 A thin adapter (KServe's layering): it reads bytes, calls `codec` and the plane, and
 writes bytes. Routes are `/v2/health/{live,ready}`, `/v2`, `/v2/models/{name}[/versions/
-{version}]`, `.../ready`, `POST .../infer`, plus `/metrics` from an injected ASGI app.
+{version}]`, `.../ready`, `POST .../infer`, plus `/metrics` from an injected ASGI app
+(also served alone by `create_metrics_app`, for a separate metrics port).
 
 Errors: every `InferenceError` becomes its HTTP status with `{"error": "<message>"}` (503
 adds `Retry-After`); anything unexpected is logged and answered with 500, and the server
@@ -202,6 +203,14 @@ def create_http_app(
     if metrics_app is not None:
         routes.append(Route("/metrics", _AsgiEndpoint(metrics_app), methods=["GET"]))
     return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+
+
+def create_metrics_app(metrics_app: ASGIApp) -> Starlette:
+    """An app serving only `GET /metrics` (the router's separate metrics port)."""
+    return Starlette(
+        routes=[Route("/metrics", _AsgiEndpoint(metrics_app), methods=["GET"])],
+        exception_handlers={HTTPException: _http_exception},
+    )
 
 
 async def _http_exception(_: Request, exc: Exception) -> Response:

@@ -1,9 +1,11 @@
-"""Prometheus metrics of the router, with the names fixed in DESIGN.md.
+"""Prometheus metrics of sloline (router, SLO and plan, tuner), with the names fixed in
+DESIGN.md.
 
 Dashboards, alerts and the tuner's Prometheus source depend on these names; change them
-only together. The registry is injected so tests and several routers in one process do
-not collide. Queue lengths and replica counts are read at scrape time through a
-collector, so the request hot path only touches counters and histograms.
+only together (docs/operations.md lists them all, and a test keeps that list complete).
+The registry is injected so tests and several routers in one process do not collide.
+Queue lengths and replica counts are read at scrape time through a collector, so the
+request hot path only touches counters and histograms.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sloline.tuner.envelope import window_label
+from sloline.tuner.envelope import Envelope, window_label
+from sloline.tuner.policy import Decision
 
 # Latency buckets from 1 ms to 30 s, dense around typical SLOs.
 LATENCY_BUCKETS_S = (
@@ -32,7 +35,9 @@ LATENCY_BUCKETS_S = (
     0.1,
     0.15,
     0.2,
+    0.25,
     0.3,
+    0.4,
     0.5,
     0.75,
     1.0,
@@ -42,12 +47,34 @@ LATENCY_BUCKETS_S = (
     30.0,
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# Reasons of sloline_stage_errors_total the router reports; their series start at 0 so
+# rate() and alerts see the first error.
+STAGE_ERROR_REASONS = ("model_error", "worker_lost")
+
+
+def latency_buckets(slo_s: float | None) -> tuple[float, ...]:
+    """The end-to-end latency buckets: :data:`LATENCY_BUCKETS_S` plus the SLO itself.
+
+    With a bucket bound at the SLO, ``histogram_quantile`` crosses the SLO exactly when
+    the fraction of requests slower than the SLO crosses the quantile's complement, so
+    "P99 above the SLO" on the dashboard agrees with the attainment panel and the alerts.
+    """
+    if slo_s is None or slo_s in LATENCY_BUCKETS_S:
+        return LATENCY_BUCKETS_S
+    return tuple(sorted((*LATENCY_BUCKETS_S, slo_s)))
 
 
 class RouterMetrics:
     """All metric families of one pipeline's router."""
 
-    def __init__(self, pipeline: str, stages: Iterable[str], registry: CollectorRegistry):
+    def __init__(
+        self,
+        pipeline: str,
+        stages: Iterable[str],
+        registry: CollectorRegistry,
+        *,
+        slo_s: float | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.requests = Counter(
             "sloline_requests",
@@ -59,7 +86,7 @@ class RouterMetrics:
             "sloline_request_latency_seconds",
             "End-to-end latency of answered requests.",
             ["pipeline"],
-            buckets=LATENCY_BUCKETS_S,
+            buckets=latency_buckets(slo_s),
             registry=registry,
         )
         self.slo_miss = Counter(
@@ -99,6 +126,10 @@ class RouterMetrics:
         self._batch = {s: self.batch_size.labels(pipeline, s) for s in stages}
         self._service = {s: self.service.labels(pipeline, s) for s in self._batch}
         self._codes: dict[int, Counter] = {200: self.requests.labels(pipeline, "200")}
+        for stage in self._batch:
+            self.requeued.labels(pipeline, stage)
+            for reason in STAGE_ERROR_REASONS:
+                self.stage_errors.labels(pipeline, stage, reason)
 
     def answered(self, code: int, latency_s: float | None, slo_s: float) -> None:
         counter = self._codes.get(code)
@@ -124,13 +155,15 @@ class StateCollector(Collector):
         self,
         pipeline: str,
         queue_lengths: Callable[[], Mapping[str, int]],
-        replicas: Callable[[], Mapping[str, tuple[int, int]]],
+        ready_replicas: Callable[[], Mapping[str, int]],
+        desired_replicas: Callable[[], Mapping[str, int]],
         cost_per_hour: Callable[[], Mapping[str, float]],
         envelope: Callable[[], Mapping[float, float]],
     ) -> None:
         self._pipeline = pipeline
         self._queue_lengths = queue_lengths
-        self._replicas = replicas
+        self._ready = ready_replicas
+        self._desired = desired_replicas
         self._cost = cost_per_hour
         self._envelope = envelope
 
@@ -148,12 +181,16 @@ class StateCollector(Collector):
             "Replicas per stage: desired by the plan/tuner, ready (connected to the router).",
             labels=["pipeline", "stage", "state"],
         )
-        for stage, (desired, ready) in self._replicas().items():
+        # Desired only where this process owns the count (embedded mode); on Kubernetes
+        # the operator exports it and the router reports what it sees: connected workers.
+        for stage, desired in self._desired().items():
             replicas.add_metric([p, stage, "desired"], desired)
+        for stage, ready in self._ready().items():
             replicas.add_metric([p, stage, "ready"], ready)
         cost = GaugeMetricFamily(
             "sloline_stage_cost_per_hour",
-            "Cost per hour of the stage's desired replicas.",
+            "Cost per hour of the stage's replicas (desired ones where this process owns "
+            "the count, else connected ones).",
             labels=["pipeline", "stage"],
         )
         for stage, dollars in self._cost().items():
@@ -167,3 +204,69 @@ class StateCollector(Collector):
         for window_s, rate in self._envelope().items():
             envelope.add_metric([p, window_label(window_s)], rate)
         return [queue, replicas, cost, envelope]
+
+
+class TargetCollector(Collector):
+    """The pipeline's targets as constant gauges, so dashboards and alerts compare against
+    them without hard-coded numbers: the SLO (latency and percentile) and, with a plan, the
+    planned traffic envelope the deployment was sized for (InferLine §4.3, §5)."""
+
+    def __init__(
+        self, pipeline: str, slo_s: float, percentile: float, planned: Envelope | None = None
+    ) -> None:
+        self._pipeline = pipeline
+        self._slo_s = slo_s
+        self._percentile = percentile
+        self._planned = planned
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        p = self._pipeline
+        slo = GaugeMetricFamily(
+            "sloline_slo_seconds",
+            "The pipeline's end-to-end latency SLO.",
+            labels=["pipeline"],
+        )
+        slo.add_metric([p], self._slo_s)
+        percentile = GaugeMetricFamily(
+            "sloline_slo_percentile",
+            "The SLO percentile: this share of requests (in %) must finish within the SLO.",
+            labels=["pipeline"],
+        )
+        percentile.add_metric([p], self._percentile)
+        planned = GaugeMetricFamily(
+            "sloline_planned_envelope_rps",
+            "Max arrival rate per window size in the planning trace (the planned traffic "
+            "envelope; compare with sloline_arrival_envelope_rps).",
+            labels=["pipeline", "window_s"],
+        )
+        if self._planned is not None:
+            for window_s, rate in zip(
+                self._planned.windows_s, self._planned.rates_rps, strict=True
+            ):
+                planned.add_metric([p, window_label(window_s)], rate)
+        return [slo, percentile, planned]
+
+
+class TunerMetrics:
+    """The tuner's decision counter. One per registry: every pipeline a process tunes
+    (one in the embedded mode, many in the operator) records through it."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.decisions = Counter(
+            "sloline_tuner_decisions",
+            "Replica changes the tuner applied, by direction (up or down).",
+            ["pipeline", "stage", "direction"],
+            registry=registry,
+        )
+
+    def recorder(self, pipeline: str, stages: Iterable[str]) -> Callable[[Decision], None]:
+        """The ``on_decision`` callback of ``pipeline``'s tuner; its series start at 0."""
+        for stage in stages:
+            for direction in ("up", "down"):
+                self.decisions.labels(pipeline, stage, direction)
+
+        def record(decision: Decision) -> None:
+            direction = "up" if decision.is_scale_up else "down"
+            self.decisions.labels(pipeline, decision.stage, direction).inc()
+
+        return record

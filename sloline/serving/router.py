@@ -124,8 +124,10 @@ class Router:
         self._inflight = 0
         self._worker_ids = count(1)
         self._on_arrival = on_arrival
-        self._desired = desired_replicas or (lambda: {})
-        self.metrics = RouterMetrics(self.name, graph.stages, registry or CollectorRegistry())
+        self._desired: Callable[[], Mapping[str, int]] = desired_replicas or (lambda: {})
+        self.metrics = RouterMetrics(
+            self.name, graph.stages, registry or CollectorRegistry(), slo_s=self.slo_s
+        )
         self.stats = RouterStats(list(graph.stages))
         self.draining = False
         if registry is not None:
@@ -133,7 +135,8 @@ class Router:
                 StateCollector(
                     self.name,
                     lambda: {n: len(q) for n, q in self.queues.items()},
-                    self.replicas,
+                    self.ready_replicas,
+                    self._desired,
                     cost_per_hour or (lambda: {}),
                     envelope or (lambda: {}),
                 )
@@ -146,7 +149,8 @@ class Router:
         return True
 
     def ready(self) -> bool:
-        return all(q.workers > 0 for q in self.queues.values())
+        """Every stage has a connected worker and the router is not shutting down."""
+        return not self.draining and all(q.workers > 0 for q in self.queues.values())
 
     def model_ready(self, name: str) -> bool:
         self._check_name(name)
@@ -321,8 +325,13 @@ class Router:
 
     # ----------------------------------------------------------------- workers
     def replicas(self) -> dict[str, tuple[int, int]]:
+        """(desired, ready) per stage; desired is the ready count where nobody set one."""
         desired = self._desired()
         return {n: (desired.get(n, q.workers), q.workers) for n, q in self.queues.items()}
+
+    def ready_replicas(self) -> dict[str, int]:
+        """Connected workers per stage."""
+        return {n: q.workers for n, q in self.queues.items()}
 
     def attach(self, hello: pb.Hello) -> WorkerConn:
         if hello.pipeline != self.name:

@@ -1,7 +1,9 @@
 """Runs a router's front doors in one asyncio event loop: REST (uvicorn) on the HTTP
 port, and one gRPC server carrying both the Open Inference Protocol service for clients
 and the WorkerService that workers dial. Ports default to Triton's (8000 HTTP, 8001 gRPC);
-port 0 picks a free one (tests), and the bound ports are reported back.
+port 0 picks a free one (tests), and the bound ports are reported back. `/metrics` is on
+the HTTP port, and also alone on `metrics_port` when one is set (Kubernetes: the
+Service's `metrics` port, which a ServiceMonitor scrapes without touching the data plane).
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from dataclasses import dataclass
 import grpc
 import uvicorn
 from prometheus_client import CollectorRegistry, make_asgi_app
+from starlette.types import ASGIApp
 
 from sloline.serving.grpc_frontdoor import add_inference_service
-from sloline.serving.http import bind_socket, create_http_app
+from sloline.serving.http import bind_socket, create_http_app, create_metrics_app
 from sloline.serving.proto import worker_pb2_grpc
 from sloline.serving.router import Router, WorkerService
 
@@ -37,6 +40,7 @@ class ServerSettings:
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
+    metrics_port: int | None = None  # a separate /metrics-only port (0 = any free one)
     max_body_bytes: int = 64 * 1024 * 1024
 
 
@@ -51,11 +55,21 @@ class RouterServer:
         self.settings = settings
         self.http_port = 0
         self.grpc_port = 0
+        self.metrics_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
-        self._http: _UvicornServer | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._http: list[_UvicornServer] = []
+        self._tasks: list[asyncio.Task[None]] = []  # the uvicorn servers
+        self._expiry: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        """Listen on every port; on failure (port in use) close whatever was opened."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop(grace_s=0.0)
+            raise
+
+    async def _start(self) -> None:
         s = self.settings
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -69,35 +83,44 @@ class RouterServer:
         if self.grpc_port == 0:
             raise OSError(f"cannot listen for gRPC on {s.host}:{s.grpc_port} (port in use?)")
         await self._grpc.start()
+        metrics = make_asgi_app(self.registry)
+        app = create_http_app(self.router, max_body_bytes=s.max_body_bytes, metrics_app=metrics)
+        self.http_port = await self._serve_http(app, s.http_port, "HTTP")
+        if s.metrics_port is not None:
+            self.metrics_port = await self._serve_http(
+                create_metrics_app(metrics), s.metrics_port, "metrics"
+            )
+        self._expiry = asyncio.create_task(self.router.expire_queued())
 
+    async def _serve_http(self, app: ASGIApp, port: int, what: str) -> int:
+        """Start uvicorn for `app` on `port`; return the bound port once it serves."""
+        host = self.settings.host
         try:
-            sock = bind_socket(s.host, s.http_port)
+            sock = bind_socket(host, port)
         except OSError as exc:
-            raise OSError(f"cannot listen for HTTP on {s.host}:{s.http_port}: {exc}") from None
-        self.http_port = sock.getsockname()[1]
-        app = create_http_app(
-            self.router, max_body_bytes=s.max_body_bytes, metrics_app=make_asgi_app(self.registry)
-        )
+            raise OSError(f"cannot listen for {what} on {host}:{port}: {exc}") from None
         config = uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
         )
-        self._http = _UvicornServer(config)
-        self._tasks = [
-            asyncio.create_task(self._http.serve(sockets=[sock])),
-            asyncio.create_task(self.router.expire_queued()),
-        ]
-        while not self._http.started:
-            if self._tasks[0].done():
-                self._tasks[0].result()  # raises the start-up error
+        server = _UvicornServer(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        self._http.append(server)
+        self._tasks.append(task)
+        while not server.started:
+            if task.done():
+                task.result()  # raises the start-up error
             await asyncio.sleep(0.005)
+        return int(sock.getsockname()[1])
 
     async def stop(self, grace_s: float = 2.0) -> None:
-        if self._http is not None:
-            self._http.should_exit = True
+        for server in self._http:
+            server.should_exit = True
         if self._grpc is not None:
             await self._grpc.stop(grace_s)
-        for task in self._tasks[1:]:
-            task.cancel()
-        for task in self._tasks:
+        tasks = list(self._tasks)
+        if self._expiry is not None:
+            self._expiry.cancel()
+            tasks.append(self._expiry)
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task

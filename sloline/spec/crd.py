@@ -17,6 +17,12 @@ GROUP = "sloline.dev"
 PLURAL = "predictionpipelines"
 VERSION = "v1alpha1"
 
+# CEL rules for what the schema cannot say. Each stays far below the API server's cost
+# budget (per rule 1e6 units at runtime, 1e7 estimated; lists bounded by maxItems, strings
+# by maxLength): the costliest, the `from` rule, is ~64 stages x 32 inputs x (64 pipeline
+# inputs + 64 stage names) string comparisons. It checks that a `from` names a pipeline
+# input or starts with `<stage>.` of an existing stage; that the stage has that output,
+# cycles and conditions are checked by `sloline validate` and the operator (`Valid`).
 SPEC_RULES = [
     {
         "rule": "self.stages.exists(s, s.name == self.output)",
@@ -33,6 +39,22 @@ SPEC_RULES = [
         "message": "pipeline input names must be unique",
         "fieldPath": ".inputs",
     },
+    {
+        "rule": "self.stages.all(s, s.inputs.all(i, "
+        "self.inputs.exists(p, p.name == i.from) || "
+        "self.stages.exists(t, i.from.startsWith(t.name + '.'))))",
+        "message": "every stage input's `from` must name a pipeline input or "
+        "`<stage>.<output>` of a stage of this pipeline",
+        "fieldPath": ".stages",
+    },
+]
+STAGE_RULES = [
+    {
+        "rule": "!has(self.minReplicas) || !has(self.maxReplicas) || "
+        "self.minReplicas <= self.maxReplicas",
+        "message": "minReplicas must not exceed maxReplicas",
+        "fieldPath": ".minReplicas",
+    },
 ]
 WORKLOAD_RULES = [
     {
@@ -43,12 +65,95 @@ WORKLOAD_RULES = [
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-    {"name": "SLO-ms", "type": "number", "jsonPath": ".spec.slo.latencyMs"},
-    {"name": "Est-P99-ms", "type": "number", "jsonPath": ".status.plan.estimatedP99Ms"},
-    {"name": "Cost/h", "type": "number", "jsonPath": ".status.plan.costPerHour"},
-    {"name": "Attainment", "type": "string", "jsonPath": ".status.attainment"},
+    {
+        "name": "SLO",
+        "type": "number",
+        "description": "end-to-end latency SLO (ms)",
+        "jsonPath": ".spec.slo.latencyMs",
+    },
+    {
+        "name": "Est-P99",
+        "type": "number",
+        "description": "the plan's estimated P99 latency (ms)",
+        "jsonPath": ".status.plan.estimatedP99Ms",
+    },
+    {
+        "name": "Cost/h",
+        "type": "number",
+        "description": "the plan's cost per hour",
+        "jsonPath": ".status.plan.costPerHour",
+    },
+    {
+        "name": "Attainment",
+        "type": "string",
+        "description": "share of requests within the SLO over the last 5 minutes",
+        "jsonPath": ".status.attainment",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+
+PHASES = ["Pending", "Profiling", "Planning", "Deploying", "Ready", "Failed"]
+
+# metav1.Condition, as Kubernetes' own types declare it.
+CONDITION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "status"],
+    "properties": {
+        "type": {"type": "string", "maxLength": 316},
+        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+        "reason": {"type": "string", "maxLength": 1024},
+        "message": {"type": "string", "maxLength": 32768},
+        "lastTransitionTime": {"type": "string", "format": "date-time"},
+        "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+    },
+}
+
+STATUS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Written by the operator (docs/kubernetes.md, Status).",
+    "properties": {
+        "phase": {"type": "string", "enum": PHASES},
+        "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+        "conditions": {
+            "type": "array",
+            "items": CONDITION_SCHEMA,
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+        "plan": {
+            "type": "object",
+            "description": "The plan in force; more fields of `sloline plan` may follow.",
+            "properties": {
+                "stages": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string"},
+                            "hardware": {"type": "string"},
+                            "maxBatch": {"type": "integer", "minimum": 1},
+                            "replicas": {"type": "integer", "minimum": 0},
+                        },
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    },
+                },
+                "estimatedP99Ms": {"type": "number"},
+                "costPerHour": {"type": "number"},
+            },
+            "x-kubernetes-preserve-unknown-fields": True,
+        },
+        "endpoints": {
+            "type": "object",
+            "properties": {"http": {"type": "string"}, "grpc": {"type": "string"}},
+        },
+        "attainment": {
+            "type": "string",
+            "pattern": r"^[0-9]{1,3}(\.[0-9]+)?%$",
+            "description": "Share of requests within the SLO over the last 5 minutes, "
+            "e.g. `99.52%` (from Prometheus).",
+        },
+    },
+}
 
 
 def spec_schema() -> dict[str, Any]:
@@ -57,6 +162,7 @@ def spec_schema() -> dict[str, Any]:
     schema: dict[str, Any] = _structural(raw, defs)
     schema["x-kubernetes-validations"] = SPEC_RULES
     schema["properties"]["workload"]["x-kubernetes-validations"] = WORKLOAD_RULES
+    schema["properties"]["stages"]["items"]["x-kubernetes-validations"] = STAGE_RULES
     return schema
 
 
@@ -122,7 +228,7 @@ def crd_manifest() -> dict[str, Any]:
                 "singular": "predictionpipeline",
                 "kind": "PredictionPipeline",
                 "listKind": "PredictionPipelineList",
-                "shortNames": ["ppl", "slopipe"],
+                "shortNames": ["slp"],
                 "categories": ["sloline"],
             },
             "versions": [
@@ -141,10 +247,7 @@ def crd_manifest() -> dict[str, Any]:
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
                                 "spec": spec_schema(),
-                                "status": {
-                                    "type": "object",
-                                    "x-kubernetes-preserve-unknown-fields": True,
-                                },
+                                "status": STATUS_SCHEMA,
                             },
                         }
                     },

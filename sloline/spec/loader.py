@@ -3,10 +3,18 @@
 Pydantic's errors and the DAG checks are merged into one `PipelineError` whose issues
 carry wire-format field paths (`spec.stages[1].model.runtime`), so every entry point
 (CLI, router, operator) reports problems the same way.
+
+Relative paths in a pipeline (model URIs, the samples URI, the workload's trace URI) and
+Python entrypoint modules resolve against one *model directory*: the pipeline file's own
+directory, or `$SLOLINE_MODEL_DIR` when set. On Kubernetes the pipeline file is mounted
+from a ConfigMap (`/etc/sloline`) while the models live on a volume, so every pod sets
+the variable (docs/kubernetes.md); this module is the only place that reads it.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +25,8 @@ from pydantic import ValidationError
 from sloline.spec.models import PredictionPipeline
 from sloline.spec.validate import Issue, PipelineError, PipelineGraph, build_graph
 
+MODEL_DIR_ENV = "SLOLINE_MODEL_DIR"
+
 
 @dataclass(frozen=True, slots=True)
 class LoadedPipeline:
@@ -24,10 +34,12 @@ class LoadedPipeline:
 
     graph: PipelineGraph
     file: Path  # absolute path of the pipeline file (workers load it too)
+    model_dir: Path | None = None  # base of relative paths; None: the file's directory
 
     @property
     def base_dir(self) -> Path:
-        return self.file.parent
+        """Where relative model/sample/trace URIs and Python entrypoint modules live."""
+        return self.model_dir or self.file.parent
 
     @property
     def pipeline(self) -> PredictionPipeline:
@@ -56,8 +68,17 @@ def parse_pipeline(data: Any, source: str = "pipeline") -> PipelineGraph:
         raise PipelineError(exc.issues, source) from None
 
 
-def load_pipeline(path: str | Path) -> LoadedPipeline:
-    """Read and validate a pipeline YAML file."""
+def load_pipeline(
+    path: str | Path,
+    *,
+    model_dir: str | Path | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> LoadedPipeline:
+    """Read and validate a pipeline YAML file.
+
+    Relative paths resolve against `model_dir`, else `environ["SLOLINE_MODEL_DIR"]` when
+    set and non-empty, else the file's directory.
+    """
     file = Path(path)
     source = str(file)
     try:
@@ -71,7 +92,10 @@ def load_pipeline(path: str | Path) -> LoadedPipeline:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
         reason = getattr(exc, "problem", None) or str(exc)
         raise PipelineError([Issue(where, f"not valid YAML: {reason}")], source) from None
-    return LoadedPipeline(parse_pipeline(data, source), file.resolve())
+    base = model_dir or environ.get(MODEL_DIR_ENV) or None
+    return LoadedPipeline(
+        parse_pipeline(data, source), file.resolve(), Path(base).resolve() if base else None
+    )
 
 
 def _issue(error: Any) -> Issue:

@@ -69,8 +69,10 @@ class StageInput(SpecModel):
 class ModelSpec(SpecModel):
     """How a stage's model is loaded.
 
-    onnx / torchscript: `uri` is a file path, relative to the pipeline file.
-    python: `entrypoint` is `module:attr`; attr is a function, or a class that is
+    onnx / torchscript: `uri` is a file path, relative to the model directory (the
+    pipeline file's directory, or `$SLOLINE_MODEL_DIR` when set, as on Kubernetes).
+    python: `entrypoint` is `module:attr` (the module in the model directory); attr is
+    a function, or a class that is
     instantiated once with `config` as keyword arguments and then called. `batching`
     says whether it receives stacked arrays (`stacked`) or a list of per-request dicts.
     """
@@ -85,8 +87,9 @@ class ModelSpec(SpecModel):
 class StageSpec(SpecModel):
     name: str = Field(pattern=NAME_PATTERN, max_length=40)
     model: ModelSpec
-    inputs: list[StageInput] = Field(min_length=1)
-    outputs: list[TensorSpec] = Field(min_length=1)
+    # Bounded so the CRD's CEL rules stay within the API server's cost budget.
+    inputs: list[StageInput] = Field(min_length=1, max_length=32)
+    outputs: list[TensorSpec] = Field(min_length=1, max_length=32)
     when: str | None = Field(
         default=None,
         max_length=1024,
@@ -119,7 +122,8 @@ class WorkloadSpec(SpecModel):
 
 class SamplesSpec(SpecModel):
     """Sample requests for profiling and tests: an `.npz` file with one array per pipeline
-    input (first axis = request), or a Python `module:function` returning such a dict."""
+    input (first axis = request), or a Python `module:function` returning such a dict
+    (both found in the model directory, like the stages' models)."""
 
     uri: str | None = None
     entrypoint: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -132,7 +136,7 @@ class PipelineSpec(SpecModel):
         default_factory=list,
         description="Allowed hardware classes; empty means every class of the catalog.",
     )
-    inputs: list[TensorSpec] = Field(min_length=1)
+    inputs: list[TensorSpec] = Field(min_length=1, max_length=64)
     stages: list[StageSpec] = Field(min_length=1, max_length=64)
     output: str = Field(description="Name of the stage whose outputs are the response.")
     samples: SamplesSpec | None = None

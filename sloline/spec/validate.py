@@ -113,7 +113,7 @@ def build_graph(pipeline: PredictionPipeline) -> PipelineGraph:
         {t.name for t in spec.inputs},
         {s.name: {t.name: t for t in s.outputs} for s in spec.stages},
     )
-    issues = _check_names(pipeline) + _check_workload(pipeline)
+    issues = _check_names(pipeline) + _check_workload(pipeline) + _check_replicas(pipeline)
     nodes: dict[str, StageNode] = {}
     for i, stage in enumerate(spec.stages):
         node, found = _stage_node(i, stage, names)
@@ -172,6 +172,19 @@ def _check_workload(pipeline: PredictionPipeline) -> list[Issue]:
     if trace is not None and any(b < a for a, b in itertools.pairwise(trace)):
         return [Issue("spec.workload.trace", "arrival times must be non-decreasing")]
     return []
+
+
+def _check_replicas(pipeline: PredictionPipeline) -> list[Issue]:
+    return [
+        Issue(
+            f"spec.stages[{i}].minReplicas",
+            f"minReplicas {stage.min_replicas} is above maxReplicas {stage.max_replicas}",
+        )
+        for i, stage in enumerate(pipeline.spec.stages)
+        if stage.min_replicas is not None
+        and stage.max_replicas is not None
+        and stage.min_replicas > stage.max_replicas
+    ]
 
 
 def _stage_node(i: int, stage: StageSpec, names: _Names) -> tuple[StageNode, list[Issue]]:

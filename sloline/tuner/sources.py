@@ -250,7 +250,9 @@ class Tuner:
 
     All policy lives in :func:`decide`; this shell owns the only state (the last-change
     time), the clock and the I/O. The plan's deployment counts as the first change, so
-    nothing scales down in the first ``stabilization_s``.
+    nothing scales down in the first ``stabilization_s``. ``on_decision`` is called with
+    each applied decision (e.g. :meth:`TunerMetrics.recorder
+    <sloline.serving.metrics.TunerMetrics.recorder>`, the decisions counter).
     """
 
     def __init__(
@@ -264,6 +266,7 @@ class Tuner:
         clock: Callable[[], float] = time.monotonic,
         last_change_s: float | None = None,
         logger: logging.Logger = _LOG,
+        on_decision: Callable[[Decision], None] | None = None,
     ) -> None:
         self._stages = tuple(stages)
         self._planning = planning_envelope
@@ -272,6 +275,7 @@ class Tuner:
         self._settings = settings
         self._clock = clock
         self._log = logger
+        self._on_decision = on_decision
         self.last_change_s = clock() if last_change_s is None else last_change_s
         self.history: collections.deque[tuple[float, Decision]] = collections.deque(maxlen=50)
 
@@ -307,6 +311,8 @@ class Tuner:
             self._log.info("tuner: stage %s: %s", decision.stage, decision.reason)
             self.history.append((now_s, decision))
             await self._actuator.scale(decision.stage, decision.to_replicas)
+            if self._on_decision is not None:
+                self._on_decision(decision)
         self.last_change_s = outcome.last_change_s
         return outcome
 

@@ -1,0 +1,115 @@
+"""One router process, composed once: the `Router`, its streaming arrival envelope (read
+by the metrics and the tuner), the SLO/plan target gauges and its servers (front doors,
+worker stream service, metrics). With a plan, the envelope uses the plan's window sizes,
+so observed and planned envelopes compare window by window.
+
+The embedded mode (`embedded.py`) adds local worker processes and the tuner around it;
+on Kubernetes `sloline router` (`standalone.py`) runs it alone and workers in other pods
+dial in. Both stop the same way: stop admitting (new requests get 503 and readiness
+turns 503), let in-flight requests finish within a bound, then close the ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+
+from prometheus_client import CollectorRegistry
+
+from sloline.serving.metrics import TargetCollector
+from sloline.serving.router import Router, RouterSettings
+from sloline.serving.server import RouterServer, ServerSettings
+from sloline.spec import LoadedPipeline
+from sloline.tuner.envelope import Envelope, StreamingEnvelope, window_sizes
+
+# The envelope gauges report the max over this look-back; Prometheus adds its own
+# max_over_time on top, so keep it near a scrape interval.
+ENVELOPE_GAUGE_LOOKBACK_S = 15.0
+
+
+def default_windows_s(slo_s: float) -> tuple[float, ...]:
+    """Envelope windows T_s * 2^k up to 60 s (InferLine §5) when no plan gives them: T_s
+    is the SLO, capped at 100 ms so sub-second bursts are always visible."""
+    return tuple(window_sizes(min(0.1, slo_s), 60.0))
+
+
+class RouterApp:
+    """`async with RouterApp(...) as app:` serves until the block ends, then drains."""
+
+    def __init__(
+        self,
+        loaded: LoadedPipeline,
+        *,
+        max_batch: Mapping[str, int],
+        server: ServerSettings,
+        router: RouterSettings,
+        plan_envelope: Envelope | None = None,
+        registry: CollectorRegistry | None = None,
+        desired_replicas: Callable[[], Mapping[str, int]] | None = None,
+        cost_per_hour: Callable[[], Mapping[str, float]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        drain_s: float = 5.0,
+    ) -> None:
+        self.loaded = loaded
+        self.settings = server
+        self.drain_s = drain_s
+        self.registry = registry or CollectorRegistry()
+        slo = loaded.pipeline.spec.slo
+        slo_s = slo.latency_ms / 1000.0
+        windows_s = plan_envelope.windows_s if plan_envelope else default_windows_s(slo_s)
+        self.envelope = StreamingEnvelope(windows_s, start_s=clock())
+        self.router = Router(
+            loaded.graph,
+            max_batch=max_batch,
+            settings=router,
+            registry=self.registry,
+            desired_replicas=desired_replicas,
+            clock=clock,
+            on_arrival=self.envelope.observe,
+            envelope=lambda: dict(
+                zip(
+                    self.envelope.windows_s,
+                    self.envelope.rates(clock(), ENVELOPE_GAUGE_LOOKBACK_S),
+                    strict=True,
+                )
+            ),
+            cost_per_hour=cost_per_hour,
+        )
+        self.registry.register(TargetCollector(loaded.name, slo_s, slo.percentile, plan_envelope))
+        self.server = RouterServer(self.router, self.registry, server)
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Stop admitting and wait (at most `timeout_s`) for in-flight requests."""
+        self.router.draining = True
+        deadline = time.monotonic() + (self.drain_s if timeout_s is None else timeout_s)
+        while self.router.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        await self.server.stop()
+
+    async def __aenter__(self) -> RouterApp:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.drain()
+        await self.stop()
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.settings.host}:{self.server.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.settings.host}:{self.server.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Where `/metrics` is scraped: the metrics port if any, else the HTTP port."""
+        port = self.server.metrics_port or self.server.http_port
+        return f"{self.settings.host}:{port}"
