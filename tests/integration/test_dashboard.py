@@ -1,0 +1,161 @@
+"""Every query of the shipped Grafana dashboard returns data from a real Prometheus that
+scrapes a running embedded pipeline under load: panels, the tuner annotation and the
+template variables, with Grafana's variables replaced as Grafana would."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from sloline.planner.profiler import ProfilerSettings
+from sloline.planner.session import plan_pipeline
+from sloline.spec import DEFAULT_CATALOG, load_pipeline
+from sloline.tuner.envelope import window_label
+from tests.integration.test_examples_served import free_port
+from tests.integration.test_tuner_live import open_loop
+from tests.support.prometheus import Prometheus
+from tests.support.serve import SLEEPY, BackgroundPipeline
+
+DASHBOARD = (
+    Path(__file__).resolve().parents[2]
+    / "helm"
+    / "sloline"
+    / "files"
+    / "dashboards"
+    / "slo-attainment.json"
+)
+# At the plan's rate, then a burst past the slow stage's capacity: the tuner scales it up.
+PHASES = [(25.0, 4.0), (80.0, 8.0)]
+TUNER = {
+    "stabilization_s": 4.0,
+    "lambda_window_s": 1.0,
+    "lambda_lookback_s": 4.0,
+    "envelope_lookback_s": 6.0,
+}
+RATE_INTERVAL = "4s"  # Grafana's $__rate_interval for a 1 s scrape: 4 x scrape interval
+
+
+def _api(prometheus: Prometheus, path: str, **params: str) -> Any:
+    url = f"{prometheus.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body = json.load(response)
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def _expand(expr: str, variables: dict[str, str]) -> str:
+    for name in sorted(variables, key=len, reverse=True):  # $__rate_interval before $__range
+        expr = expr.replace(f"${name}", variables[name])
+    return expr
+
+
+def _finite(values: list[list[Any]]) -> bool:
+    return any(math.isfinite(float(v)) for _, v in values)
+
+
+def _wait_for(prometheus: Prometheus, promql: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not prometheus.query(promql):
+        assert time.monotonic() < deadline, f"Prometheus never saw {promql}"
+        time.sleep(0.25)
+
+
+def _deadline_misses(url: str, count: int) -> None:
+    """Requests with a 1 ms deadline: answered 504, counted as failures and SLO misses."""
+    client = httpclient.InferenceServerClient(url)
+    x = httpclient.InferInput("x", [4], "FP32")
+    x.set_data_from_numpy(np.ones(4, np.float32))
+    failed = 0
+    for _ in range(count):
+        try:
+            client.infer("sleepy", [x], parameters={"timeout_ms": 1})
+        except InferenceServerException:
+            failed += 1
+    assert failed == count
+
+
+def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
+    board = json.loads(DASHBOARD.read_text())
+    plan = plan_pipeline(
+        load_pipeline(SLEEPY),
+        DEFAULT_CATALOG,
+        ProfilerSettings(max_batch_cap=4, cache_dir=tmp_path / "profiles"),
+    ).plan
+    with BackgroundPipeline(SLEEPY, plan=plan, tuner=TUNER) as served:
+        prometheus = Prometheus(tmp_path, [served.http_url], free_port())
+        try:
+            prometheus.wait_ready()
+            _wait_for(prometheus, 'sloline_slo_seconds{pipeline="sleepy"}')
+            start = time.time()
+            load = threading.Thread(
+                target=lambda: asyncio.run(open_loop(served.grpc_url, PHASES)), daemon=True
+            )
+            load.start()
+            _deadline_misses(served.http_url, 5)
+            load.join(60)
+            assert not load.is_alive()
+            # The scale-up and the 504s have been scraped, and a few more points after them.
+            _wait_for(prometheus, 'sum(sloline_tuner_decisions_total{pipeline="sleepy"}) > 0')
+            _wait_for(prometheus, 'sloline_requests_total{pipeline="sleepy", code="504"}')
+            time.sleep(2.0)  # two more scrapes: the last rate windows see the tail of the load
+            end = time.time()
+            variables = {
+                "pipeline": "sleepy",
+                "stage": "(parse|slow)",  # Grafana's value of a multi-value "All"
+                "window": window_label(plan.envelope.windows_s[-1]),  # sort: numerical desc
+                "__rate_interval": RATE_INTERVAL,
+                "__range": f"{math.ceil(end - start)}s",
+                "datasource": "unused",
+            }
+            empty = []
+            for panel in board["panels"]:
+                for target in panel.get("targets", []):
+                    expr = _expand(target["expr"], variables)
+                    if target.get("instant"):
+                        result = _api(prometheus, "query", query=expr, time=str(end))["result"]
+                        ok = any(_finite([s["value"]]) for s in result)
+                    else:
+                        result = _api(
+                            prometheus,
+                            "query_range",
+                            query=expr,
+                            start=str(start),
+                            end=str(end),
+                            step="1",
+                        )["result"]
+                        ok = any(_finite(s["values"]) for s in result)
+                    if not ok:
+                        empty.append((panel["title"], expr, result))
+            for annotation in board["annotations"]["list"]:
+                expr = _expand(annotation["expr"], variables)
+                result = _api(
+                    prometheus, "query_range", query=expr, start=str(start), end=str(end), step="1"
+                )["result"]
+                if not result:
+                    empty.append(("annotation " + annotation["name"], expr, result))
+            for variable in board["templating"]["list"]:
+                if variable["type"] != "query":
+                    continue
+                # label_values(selector, label): Grafana asks the label values API.
+                selector, label = variable["query"][len("label_values(") : -1].rsplit(", ", 1)
+                values = _api(
+                    prometheus,
+                    f"label/{label}/values",
+                    **{"match[]": _expand(selector, variables), "start": str(start)},
+                )
+                if not values:
+                    empty.append(("variable " + variable["name"], selector, values))
+        finally:
+            prometheus.stop()
+    assert not empty, "queries without data:\n" + "\n".join(map(str, empty))
