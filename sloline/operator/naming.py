@@ -1,0 +1,176 @@
+"""Names, labels and annotations of the objects the operator creates (docs/kubernetes.md).
+
+Shared by rendering (what to create), apply (what to prune) and the handlers (what to
+read back), so the three never disagree on a name or a selector.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sloline.operator.settings import OperatorSettings
+from sloline.spec import PipelineGraph, parse_pipeline
+from sloline.spec.models import API_VERSION, KIND
+
+MAX_NAME: Final = 63
+CONFIG_DIR: Final = "/etc/sloline"
+PIPELINE_FILE: Final = f"{CONFIG_DIR}/pipeline.yaml"
+PLAN_FILE: Final = f"{CONFIG_DIR}/plan.json"
+CATALOG_FILE: Final = f"{CONFIG_DIR}/catalog.yaml"
+HTTP_PORT: Final = 8000
+GRPC_PORT: Final = 8001
+METRICS_PORT: Final = 8002
+WORKER_HEALTH_PORT: Final = 8080
+WORKER_GRACE_S: Final = 30
+
+MANAGER: Final = "sloline-operator"
+LABEL_PIPELINE: Final = "sloline.dev/pipeline"
+LABEL_STAGE: Final = "sloline.dev/stage"
+LABEL_HARDWARE: Final = "sloline.dev/hardware"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+ANNOTATION_CONFIG_HASH: Final = "sloline.dev/config-hash"
+ANNOTATION_PLANNED_REPLICAS: Final = "sloline.dev/planned-replicas"
+ANNOTATION_PROFILE_KEY: Final = "sloline.dev/profile-key"
+ANNOTATION_MODEL_DIR: Final = "sloline.dev/model-dir"
+ANNOTATION_PLAN_INPUTS: Final = "sloline.dev/plan-inputs"
+
+
+def object_name(*parts: str) -> str:
+    """`-`-joined parts; past 63 characters cut and suffixed with a hash of the full name,
+    so long names stay unique, valid DNS labels and stable across renders."""
+    name = "-".join(parts)
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: MAX_NAME - 9].rstrip('-')}-{digest}"
+
+
+def config_map_name(pipeline: str) -> str:
+    return object_name(pipeline, "config")
+
+
+def profiles_name(pipeline: str) -> str:
+    return object_name(pipeline, "profiles")
+
+
+def router_name(pipeline: str) -> str:
+    return object_name(pipeline, "router")
+
+
+def worker_name(pipeline: str, stage: str) -> str:
+    return object_name(pipeline, stage)
+
+
+def job_name(pipeline: str, stage: str, hardware: str) -> str:
+    return object_name(pipeline, "profile", stage, hardware)
+
+
+def labels(
+    pipeline: str, component: str, stage: str | None = None, hardware: str | None = None
+) -> dict[str, str]:
+    """The labels of docs/kubernetes.md; selectors use a stable subset (`selector`)."""
+    out = {
+        "app.kubernetes.io/name": "sloline",
+        "app.kubernetes.io/instance": pipeline,
+        LABEL_COMPONENT: component,
+        "app.kubernetes.io/managed-by": MANAGER,
+        LABEL_PIPELINE: pipeline,
+    }
+    if stage is not None:
+        out[LABEL_STAGE] = stage
+    if hardware is not None:
+        out[LABEL_HARDWARE] = hardware
+    return out
+
+
+def selector(pipeline: str, component: str, stage: str | None = None) -> dict[str, str]:
+    """Pod selector labels: never the hardware class (a Deployment's selector is immutable
+    and a re-plan may move a stage to another class)."""
+    out = {LABEL_PIPELINE: pipeline, LABEL_COMPONENT: component}
+    if stage is not None:
+        out[LABEL_STAGE] = stage
+    return out
+
+
+def managed_selector(pipeline: str) -> str:
+    """Label selector of everything the operator created for `pipeline`."""
+    return f"{LABEL_PIPELINE}={pipeline},app.kubernetes.io/managed-by={MANAGER}"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The pipeline being rendered: its identity and validated DAG."""
+
+    name: str
+    namespace: str
+    uid: str
+    graph: PipelineGraph
+    model_dir_annotation: str | None = None
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> Target:
+        """From a PredictionPipeline object as the API returns it (raises `PipelineError`
+        when the spec is invalid)."""
+        meta = obj.get("metadata", {})
+        return cls(
+            name=str(meta["name"]),
+            namespace=str(meta.get("namespace") or "default"),
+            uid=str(meta.get("uid", "")),
+            graph=parse_pipeline(pipeline_document(obj), f"{meta.get('namespace')}/{meta['name']}"),
+            model_dir_annotation=(meta.get("annotations") or {}).get(ANNOTATION_MODEL_DIR),
+        )
+
+    def model_dir(self, settings: OperatorSettings) -> str:
+        """`SLOLINE_MODEL_DIR`: `<models.root>/<p>`, or the `sloline.dev/model-dir`
+        annotation (absolute, or relative to `models.root`)."""
+        root = settings.models.root.rstrip("/")
+        given = self.model_dir_annotation
+        if given:
+            return given if given.startswith("/") else f"{root}/{given}"
+        return f"{root}/{self.name}"
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    def metadata(
+        self, name: str, object_labels: Mapping[str, str], annotations: Mapping[str, str]
+    ) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": dict(object_labels),
+            "ownerReferences": [self.owner_reference()],
+        }
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        return meta
+
+
+def pipeline_document(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a PredictionPipeline object the spec models read (the API adds uid,
+    resourceVersion, status ... which the strict metadata model would reject)."""
+    meta = obj.get("metadata", {})
+    doc_meta = {k: meta[k] for k in ("name", "namespace", "labels", "annotations") if meta.get(k)}
+    return {
+        "apiVersion": obj.get("apiVersion", API_VERSION),
+        "kind": obj.get("kind", KIND),
+        "metadata": doc_meta,
+        "spec": obj.get("spec"),
+    }
+
+
+def digest(value: Any, length: int = 16) -> str:
+    """A short, stable digest of JSON-able data."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:length]

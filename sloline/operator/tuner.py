@@ -1,0 +1,270 @@
+"""The per-pipeline tuner daemon: InferLine's tuner (§5) with Prometheus in, Deployments out.
+
+The policy is the embedded mode's (`sloline.tuner.policy.decide`, run by
+`sloline.tuner.sources.Tuner`); only the edges differ. Observations come from the
+router's metrics in Prometheus (`PrometheusSource`), and the actuator sets worker
+Deployments' replicas through the `/scale` subresource and reads their ready pods. The
+daemon follows the deployed plan (`plan.json` in `<p>-config`): a new plan means a new
+tuner, with the plan's envelope, rates and bounds.
+
+Each decision is applied, counted (`sloline_tuner_decisions_total`), and posted as a
+Normal Event with its reason. The operator exports the desired replicas it owns
+(`sloline_stage_replicas{state="desired"}`) and writes `status.attainment`, the fraction
+of requests within the SLO over the last 5 minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from prometheus_client import CollectorRegistry, Gauge
+
+from sloline.operator import kube
+from sloline.operator.kube import KubeApi
+from sloline.operator.naming import config_map_name, worker_name
+from sloline.operator.settings import OperatorSettings
+from sloline.planner.plan import Plan
+from sloline.serving.metrics import TunerMetrics
+from sloline.spec import PipelineGraph, parse_pipeline
+from sloline.tuner.policy import Decision, TunerSettings, effective_rhos
+from sloline.tuner.sources import GetJson, PrometheusSource, StageTuning, Tuner, urllib_get_json
+
+_LOG = logging.getLogger(__name__)
+ATTAINMENT_EVERY_S = 30.0
+
+EventFn = Callable[[str, str, str], None]
+StatusFn = Callable[[str], Awaitable[None]]
+
+
+class OperatorMetrics:
+    """The operator's own series on its metrics port (one registry for all pipelines)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.tuner = TunerMetrics(registry)
+        self.replicas = Gauge(
+            "sloline_stage_replicas",
+            "Replicas per stage: desired by the plan/tuner (the operator owns this count).",
+            ["pipeline", "stage", "state"],
+            registry=registry,
+        )
+
+    def desired(self, pipeline: str, stage: str, replicas: int) -> None:
+        self.replicas.labels(pipeline, stage, "desired").set(replicas)
+
+    def forget(self, pipeline: str, stages: list[str]) -> None:
+        for stage in stages:
+            try:
+                self.replicas.remove(pipeline, stage, "desired")
+            except KeyError:
+                continue
+
+
+def tuning_for(
+    plan: Plan, graph: PipelineGraph, settings: OperatorSettings
+) -> tuple[list[StageTuning], TunerSettings]:
+    """Per-stage tuning parameters from the plan (as the embedded mode's tuner): stages
+    whose replicas the spec pins are left alone; bounds from the spec, else 1 and
+    `tuner.maxReplicas`; rho_m made effective for stages planned at their floor."""
+    spec = {s.name: s for s in graph.pipeline.spec.stages}
+    floors = [spec[s.name].min_replicas or 1 for s in plan.stages]
+    rhos = effective_rhos(
+        [s.rho for s in plan.stages],
+        [s.replicas <= floor for s, floor in zip(plan.stages, floors, strict=True)],
+    )
+    stages = [
+        StageTuning(
+            name=s.name,
+            min_replicas=floor,
+            max_replicas=spec[s.name].max_replicas or settings.tuner.max_replicas,
+            scale_factor=s.scale_factor,
+            throughput_rps=s.throughput_rps,
+            max_provisioning_ratio=rho,
+        )
+        for s, floor, rho in zip(plan.stages, floors, rhos, strict=True)
+        if spec[s.name].replicas is None
+    ]
+    windows = plan.envelope.windows_s
+    return stages, settings.tuner.tuner_settings(windows[0], windows[-1])
+
+
+class DeploymentActuator:
+    """Replica counts of worker Deployments: `spec.replicas` through `/scale`, and
+    `status.readyReplicas`. Blocking API calls run in worker threads."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        namespace: str,
+        pipeline: str,
+        on_desired: Callable[[str, int], None] = lambda _s, _n: None,
+    ) -> None:
+        self._api = api
+        self._namespace = namespace
+        self._pipeline = pipeline
+        self._on_desired = on_desired
+
+    async def scale(self, stage: str, replicas: int) -> None:
+        name = worker_name(self._pipeline, stage)
+        body = {"spec": {"replicas": replicas}}
+        await asyncio.to_thread(
+            self._api.patch, kube.DEPLOYMENTS, self._namespace, name, body, subresource="scale"
+        )
+        self._on_desired(stage, replicas)
+
+    async def replicas(self, stage: str) -> tuple[int, int]:
+        name = worker_name(self._pipeline, stage)
+        found = await asyncio.to_thread(self._api.get, kube.DEPLOYMENTS, self._namespace, name)
+        if found is None:
+            raise LookupError(f"Deployment {self._namespace}/{name} does not exist (yet)")
+        desired = int((found.get("spec") or {}).get("replicas") or 0)
+        ready = int((found.get("status") or {}).get("readyReplicas") or 0)
+        self._on_desired(stage, desired)
+        return desired, ready
+
+
+def attainment_query(pipeline: str, window: str = "5m") -> str:
+    selector = f'pipeline="{pipeline}"'
+    return (
+        f"1 - sum(increase(sloline_slo_miss_total{{{selector}}}[{window}])) / "
+        f"sum(increase(sloline_requests_total{{{selector}}}[{window}]))"
+    )
+
+
+def format_attainment(value: float) -> str | None:
+    """`99.52%`, or None where there is no traffic (NaN) to measure."""
+    if not math.isfinite(value):
+        return None
+    return f"{max(0.0, min(1.0, value)) * 100:.2f}%"
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonContext:
+    """What one pipeline's daemon needs; the handlers build it."""
+
+    api: KubeApi
+    settings: OperatorSettings
+    metrics: OperatorMetrics
+    namespace: str
+    pipeline: str
+    event: EventFn
+    set_attainment: StatusFn
+    get_json: GetJson = urllib_get_json
+    clock: Callable[[], float] = time.monotonic
+
+
+class TunerDaemon:
+    """The loop of one pipeline's daemon; `step` is one tick (tests call it directly)."""
+
+    def __init__(self, ctx: DaemonContext) -> None:
+        self.ctx = ctx
+        self._plan_text: str | None = None
+        self._tuner: Tuner | None = None
+        self._stages: list[str] = []
+        self._last_attainment_s = -math.inf
+
+    def _desired(self, stage: str, replicas: int) -> None:
+        self.ctx.metrics.desired(self.ctx.pipeline, stage, replicas)
+
+    def _rebuild(self, deployed: Mapping[str, str]) -> None:
+        """A tuner for the deployed pipeline file and plan (they always belong together;
+        the live spec may already be newer and still being profiled)."""
+        ctx = self.ctx
+        ctx.metrics.forget(ctx.pipeline, self._stages)
+        plan_text = deployed.get("plan.json")
+        self._plan_text, self._tuner, self._stages = plan_text, None, []
+        if plan_text is None or "pipeline.yaml" not in deployed:
+            return
+        plan = Plan.from_dict(json.loads(plan_text))
+        graph = parse_pipeline(yaml.safe_load(deployed["pipeline.yaml"]), "pipeline.yaml")
+        stages, settings = tuning_for(plan, graph, ctx.settings)
+        source = PrometheusSource(
+            ctx.settings.prometheus_url,
+            ctx.pipeline,
+            windows_s=settings.windows_s,
+            lookback_s=settings.envelope_lookback_s,
+            lambda_window_s=settings.lambda_window_s,
+            lambda_lookback_s=settings.lambda_lookback_s,
+            lambda_rate_window_s=ctx.settings.tuner.lambda_rate_window_s,
+            get_json=ctx.get_json,
+        )
+        actuator = DeploymentActuator(ctx.api, ctx.namespace, ctx.pipeline, self._desired)
+        self._stages = [s.name for s in stages]
+        self._tuner = Tuner(
+            stages=stages,
+            planning_envelope=plan.envelope,
+            source=source,
+            actuator=actuator,
+            settings=settings,
+            clock=ctx.clock,
+            logger=_LOG,
+            on_decision=self._decided(self.ctx.metrics.tuner.recorder(ctx.pipeline, self._stages)),
+        )
+        _LOG.info("%s/%s: tuning %s", ctx.namespace, ctx.pipeline, self._stages)
+
+    def _decided(self, record: Callable[[Decision], None]) -> Callable[[Decision], None]:
+        def on_decision(decision: Decision) -> None:
+            record(decision)
+            direction = "up" if decision.is_scale_up else "down"
+            self.ctx.event(
+                "Normal",
+                "ScaledUp" if direction == "up" else "ScaledDown",
+                f"stage {decision.stage}: {decision.reason}",
+            )
+
+        return on_decision
+
+    async def step(self) -> tuple[Decision, ...]:
+        """Follow the deployed plan, run one tuner tick, refresh the attainment."""
+        ctx = self.ctx
+        found = await asyncio.to_thread(
+            ctx.api.get, kube.CONFIG_MAPS, ctx.namespace, config_map_name(ctx.pipeline)
+        )
+        deployed: Mapping[str, str] = (found or {}).get("data") or {}
+        if deployed.get("plan.json") != self._plan_text:
+            self._rebuild(deployed)
+        decisions: tuple[Decision, ...] = ()
+        if self._tuner is not None:
+            decisions = (await self._tuner.step()).decisions
+        now = self.ctx.clock()
+        if now - self._last_attainment_s >= ATTAINMENT_EVERY_S and await self._attainment():
+            self._last_attainment_s = now
+        return decisions
+
+    async def _attainment(self) -> bool:
+        """Write the attainment; False while Prometheus has no requests to measure."""
+        ctx = self.ctx
+        url = ctx.settings.prometheus_url.rstrip("/") + "/api/v1/query"
+        body: Mapping[str, Any] = await asyncio.to_thread(
+            ctx.get_json, url, {"query": attainment_query(ctx.pipeline)}
+        )
+        result = (body.get("data") or {}).get("result") or []
+        text = format_attainment(float(result[0]["value"][1])) if result else None
+        if text is None:
+            return False
+        await ctx.set_attainment(text)
+        return True
+
+    async def run(self, stopped: Any) -> None:
+        """Tick every `tuner.intervalS` until kopf's `stopped` flag is set; a failed tick
+        (Prometheus down, a Deployment not created yet) is logged and retried."""
+        interval_s = self.ctx.settings.tuner.interval_s
+        try:
+            while not stopped:
+                try:
+                    await self.step()
+                except Exception as exc:
+                    _LOG.warning(
+                        "%s/%s: tuner tick failed: %s", self.ctx.namespace, self.ctx.pipeline, exc
+                    )
+                await stopped.wait(interval_s)
+        finally:
+            self.ctx.metrics.forget(self.ctx.pipeline, self._stages)

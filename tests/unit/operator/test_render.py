@@ -1,0 +1,275 @@
+"""Rendering: every object is valid Kubernetes (kubernetes-validate --strict), names fit,
+re-rendering is deterministic, the contract of docs/kubernetes.md holds, and a change to
+one stage rolls only that stage (plus the ConfigMap and the router that read the spec)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sloline.operator.naming import MAX_NAME, Target, object_name
+from sloline.operator.planning import catalog_file, profile_tasks
+from sloline.operator.render import (
+    Manifest,
+    pipeline_file,
+    render,
+    render_profiles_cache,
+    render_profiling_job,
+)
+from sloline.operator.settings import OperatorSettings
+from tests.unit.operator.helpers import DIGITS, NOOP, gpu_settings, make_plan, pipeline_object
+
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+LONG = "p" + "x" * 62  # a 63-character pipeline name, the longest the spec allows
+
+
+def everything(t: Target, settings: OperatorSettings, hardware: str) -> list[Manifest]:
+    """Every object the operator renders for `t`: serving objects, Jobs, the cache."""
+    objects = render(t, make_plan(t, hardware), settings, plan_inputs="d", service_monitor=True)
+    objects += [
+        render_profiling_job(t, settings, task.stage, task.hardware, task.key)
+        for task in profile_tasks(t, settings)
+    ]
+    files = {"pipeline.yaml": pipeline_file(t.graph), "catalog.yaml": catalog_file(settings)}
+    objects.append(render_profiles_cache(t, files, {"a.b.c": "{}"}))
+    return objects
+
+
+CASES = {
+    "noop-defaults": (NOOP, {}, OperatorSettings, "cpu-1"),
+    "digits-gpu": (DIGITS, {}, gpu_settings, "gpu-l4"),
+    "long-names": (NOOP, {"name": LONG}, OperatorSettings, "cpu-2"),
+}
+
+
+def render_case(name: str, reorder: bool = False) -> tuple[Target, list[Manifest]]:
+    path, meta, make_settings, hardware = CASES[name]
+    doc = pipeline_object(path, **meta)
+    if reorder:  # the same object with every mapping's keys in reverse order
+        doc = json.loads(json.dumps(doc), object_hook=lambda d: dict(reversed(d.items())))
+    t = Target.of(doc)
+    return t, everything(t, make_settings(), hardware)
+
+
+@pytest.fixture(params=sorted(CASES))
+def case(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_every_builtin_object_validates_strictly(case: str) -> None:
+    _, objects = render_case(case)
+    builtin = [o for o in objects if o["kind"] != "ServiceMonitor"]
+    assert {o["kind"] for o in builtin} == {"ConfigMap", "Deployment", "Service", "Job"}
+    for obj in builtin:
+        kubernetes_validate.validate(obj, "1.37", strict=True)
+
+
+def test_names_are_dns_labels_and_unique(case: str) -> None:
+    _, objects = render_case(case)
+    names = [(o["kind"], o["metadata"]["name"]) for o in objects]
+    assert len(set(names)) == len(names)
+    for _, name in names:
+        assert len(name) <= MAX_NAME and DNS_LABEL.match(name), name
+    for obj in objects:
+        for value in obj["metadata"]["labels"].values():
+            assert len(value) <= MAX_NAME
+
+
+def test_every_object_is_owned_and_labelled(case: str) -> None:
+    t, objects = render_case(case)
+    for obj in objects:
+        meta = obj["metadata"]
+        assert meta["namespace"] == "team-a"
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "sloline.dev/v1alpha1",
+                "kind": "PredictionPipeline",
+                "name": t.name,
+                "uid": t.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        labels = meta["labels"]
+        assert labels["app.kubernetes.io/name"] == "sloline"
+        assert labels["app.kubernetes.io/instance"] == t.name
+        assert labels["app.kubernetes.io/managed-by"] == "sloline-operator"
+        assert labels["sloline.dev/pipeline"] == t.name
+        if obj["kind"] in ("Deployment", "Job") and labels["app.kubernetes.io/component"] in (
+            "worker",
+            "profiler",
+        ):
+            assert {"sloline.dev/stage", "sloline.dev/hardware"} <= set(labels)
+
+
+def test_rendering_is_deterministic(case: str) -> None:
+    _, first = render_case(case)
+    _, again = render_case(case)
+    _, reordered = render_case(case, reorder=True)
+    assert json.dumps(again) == json.dumps(first)
+    assert json.dumps(reordered) == json.dumps(first)
+
+
+def by_name(objects: list[Manifest]) -> dict[str, str]:
+    return {f"{o['kind']}/{o['metadata']['name']}": json.dumps(o, sort_keys=True) for o in objects}
+
+
+def changed(before: list[Manifest], after: list[Manifest]) -> set[str]:
+    old, new = by_name(before), by_name(after)
+    assert old.keys() == new.keys()
+    return {k for k in old if old[k] != new[k]}
+
+
+def serving(doc: dict[str, Any]) -> list[Manifest]:
+    t = Target.of(doc)
+    return render(t, make_plan(t), OperatorSettings())
+
+
+def test_one_stage_change_rolls_only_that_stage() -> None:
+    doc = pipeline_object(NOOP)
+    changed_doc = copy.deepcopy(doc)
+    changed_doc["spec"]["stages"][2]["model"]["entrypoint"] = "noop_stages:crash_on_negative"
+    assert changed(serving(doc), serving(changed_doc)) == {
+        "ConfigMap/noop-config",
+        "Deployment/noop-router",
+        "Deployment/noop-s3",
+    }
+
+
+def test_slo_change_rolls_only_the_router() -> None:
+    doc = pipeline_object(NOOP)
+    changed_doc = copy.deepcopy(doc)
+    changed_doc["spec"]["slo"]["latencyMs"] = 250
+    assert changed(serving(doc), serving(changed_doc)) == {
+        "ConfigMap/noop-config",
+        "Deployment/noop-router",
+    }
+
+
+def test_labels_and_annotations_of_the_pipeline_roll_nothing() -> None:
+    doc = pipeline_object(NOOP, labels={"team": "a"}, annotations={"note": "x"})
+    assert changed(serving(pipeline_object(NOOP)), serving(doc)) == set()
+
+
+def containers(obj: Manifest) -> list[dict[str, Any]]:
+    return obj["spec"]["template"]["spec"]["containers"]
+
+
+def find(objects: list[Manifest], kind: str, name: str) -> Manifest:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def test_contract_commands_ports_and_mounts() -> None:
+    t = Target.of(pipeline_object(NOOP))
+    objects = everything(t, OperatorSettings(), "cpu-1")
+    (router,) = containers(find(objects, "Deployment", "noop-router"))
+    assert router["command"] == ["sloline"]
+    assert " ".join(router["args"]) == (
+        "router --pipeline /etc/sloline/pipeline.yaml --plan /etc/sloline/plan.json "
+        "--host $(POD_IP) --port 8000 --grpc-port 8001 --metrics-port 8002"
+    )
+    assert router["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert router["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    service = find(objects, "Service", "noop-router")
+    assert [(p["name"], p["port"]) for p in service["spec"]["ports"]] == [
+        ("http", 8000),
+        ("grpc", 8001),
+        ("metrics", 8002),
+    ]
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    worker_deployment = find(objects, "Deployment", "noop-s2")
+    (worker,) = containers(worker_deployment)
+    assert " ".join(worker["args"]) == (
+        "worker --pipeline /etc/sloline/pipeline.yaml --stage s2 --router noop-router:8001 "
+        "--threads 1 --hardware cpu-1 --health-host $(POD_IP) --health-port 8080"
+    )
+    assert worker["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "health"}
+    assert worker["livenessProbe"]["httpGet"] == {"path": "/live", "port": "health"}
+    assert worker_deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30
+    assert worker_deployment["spec"]["replicas"] == 2
+    env = {e["name"]: e for e in worker["env"]}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert {"POD_NAME", "POD_NAMESPACE"} <= set(env)
+    assert env["SLOLINE_MODEL_DIR"]["value"] == "/models/noop"
+    assert worker["volumeMounts"] == [
+        {"name": "config", "mountPath": "/etc/sloline", "readOnly": True}
+    ]
+    job = find(objects, "Job", "noop-profile-s1-cpu-2")
+    (profiler,) = containers(job)
+    assert " ".join(profiler["args"]) == (
+        "profile-job --pipeline /etc/sloline/pipeline.yaml --stage s1 --hardware cpu-2 "
+        "--catalog /etc/sloline/catalog.yaml --cap 32 --repeats 20 --budget-s 2"
+    )
+    assert job["spec"]["backoffLimit"] == 1
+    assert job["spec"]["activeDeadlineSeconds"] == 900
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    config = find(objects, "ConfigMap", "noop-config")
+    assert set(config["data"]) == {"pipeline.yaml", "plan.json"}
+    assert json.loads(config["data"]["plan.json"])["pipeline"] == "noop"
+
+
+def test_hardware_class_placement_and_models_volume() -> None:
+    settings = gpu_settings()
+    t = Target.of(pipeline_object(DIGITS, annotations={"sloline.dev/model-dir": "shared/d"}))
+    objects = everything(t, settings, "gpu-l4")
+    deployment = find(objects, "Deployment", "digits-cascade-fast")
+    pod = deployment["spec"]["template"]["spec"]
+    (worker,) = pod["containers"]
+    assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert worker["args"][-2:] == ["--cuda-device", "0"]
+    assert worker["image"] == settings.runtime_image
+    assert worker["imagePullPolicy"] == "Always"
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env["SLOLINE_MODEL_DIR"] == "/srv/models/shared/d"
+    assert env["OMP_NUM_THREADS"] == "4"
+    assert {"name": "models", "mountPath": "/srv/models", "readOnly": True} in worker[
+        "volumeMounts"
+    ]
+    assert {"name": "models", "persistentVolumeClaim": {"claimName": "m"}} in pod["volumes"]
+    (router,) = containers(find(objects, "Deployment", "digits-cascade-router"))
+    assert router["resources"] == {"requests": {"cpu": "500m", "memory": "512Mi"}}
+    monitor = find(objects, "ServiceMonitor", "digits-cascade")
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "1s"}
+    ]
+
+
+PART = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?", fullmatch=True)
+
+
+@given(st.lists(PART, min_size=1, max_size=4))
+def test_object_names_always_fit(parts: list[str]) -> None:
+    name = object_name("p", *parts)
+    assert len(name) <= MAX_NAME
+    assert re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", name)
+    if len("-".join(["p", *parts])) <= MAX_NAME:
+        assert name == "-".join(["p", *parts])
+    assert object_name("p", *parts) == name
+
+
+def test_every_rendered_command_parses_with_the_real_cli(case: str) -> None:
+    """The flags the operator renders are the flags `sloline` accepts (no drift)."""
+    from sloline.cli import build_parser
+
+    _, objects = render_case(case)
+    parser = build_parser()
+    commands = {}
+    for obj in objects:
+        if obj["kind"] in ("Deployment", "Job"):
+            (container,) = containers(obj)
+            assert container["command"] == ["sloline"]
+            args = [a.replace("$(POD_IP)", "10.0.0.7") for a in container["args"]]
+            commands[args[0]] = parser.parse_args(args)
+    assert set(commands) == {"router", "worker", "profile-job"}
+    assert commands["worker"].health_port == 8080
+    assert commands["router"].metrics_port == 8002
+    assert commands["profile-job"].catalog == "/etc/sloline/catalog.yaml"
