@@ -8,6 +8,7 @@ loses nothing: stop admitting, let in-flight requests finish, stop workers, clos
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 from collections.abc import Mapping
@@ -49,7 +50,14 @@ class EmbeddedSettings:
     tuner: bool = True  # run the InferLine tuner when a plan is given
     tuner_interval_s: float = 1.0
     tuner_overrides: Mapping[str, float] = field(default_factory=dict)  # TunerSettings fields
-    max_replicas: int = 8  # per stage, unless the spec sets maxReplicas
+    max_replicas: int = field(default_factory=lambda: default_max_replicas())
+
+
+def default_max_replicas() -> int:
+    """The tuner's per-stage ceiling when the spec sets no `maxReplicas`: twice the cores
+    this process may use (at least 2). More one-thread workers than that only queue for
+    the same cores; a stage that waits rather than computes sets `maxReplicas` itself."""
+    return max(2, 2 * len(os.sched_getaffinity(0)))
 
 
 def check_models(loaded: LoadedPipeline) -> None:
