@@ -37,6 +37,13 @@ class StageConfig:
     replicas: int
 
 
+def default_max_replicas() -> int:
+    """The tuner's per-stage ceiling when the spec sets no `maxReplicas`: twice the cores
+    this process may use (at least 2). More one-thread workers than that only queue for
+    the same cores; a stage that waits rather than computes sets `maxReplicas` itself."""
+    return max(2, 2 * len(os.sched_getaffinity(0)))
+
+
 @dataclass(frozen=True, slots=True)
 class EmbeddedSettings:
     server: ServerSettings = field(default_factory=ServerSettings)
@@ -50,14 +57,7 @@ class EmbeddedSettings:
     tuner: bool = True  # run the InferLine tuner when a plan is given
     tuner_interval_s: float = 1.0
     tuner_overrides: Mapping[str, float] = field(default_factory=dict)  # TunerSettings fields
-    max_replicas: int = field(default_factory=lambda: default_max_replicas())
-
-
-def default_max_replicas() -> int:
-    """The tuner's per-stage ceiling when the spec sets no `maxReplicas`: twice the cores
-    this process may use (at least 2). More one-thread workers than that only queue for
-    the same cores; a stage that waits rather than computes sets `maxReplicas` itself."""
-    return max(2, 2 * len(os.sched_getaffinity(0)))
+    max_replicas: int = field(default_factory=default_max_replicas)
 
 
 def check_models(loaded: LoadedPipeline) -> None:

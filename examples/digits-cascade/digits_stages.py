@@ -24,8 +24,8 @@ def split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
     x holds raw float32 pixels (0..16), y int64 labels.
     """
-    from sklearn.datasets import load_digits  # noqa: PLC0415 - only the data helpers need it
-    from sklearn.model_selection import train_test_split  # noqa: PLC0415
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
 
     digits = load_digits()
     x_train, x_test, y_train, y_test = train_test_split(
