@@ -26,8 +26,8 @@ from sloline.serving.router import RouterSettings
 from sloline.serving.server import ServerSettings
 from sloline.spec import DEFAULT_CATALOG, HardwareCatalog, LoadedPipeline, PipelineError
 from sloline.spec.validate import Issue
-from sloline.tuner.policy import TunerSettings, effective_rhos
-from sloline.tuner.sources import StageTuning, StreamingSource, Tuner
+from sloline.tuner.policy import TunerSettings
+from sloline.tuner.sources import StreamingSource, Tuner, stage_tunings
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,24 +189,12 @@ class EmbeddedPipeline:
         return self
 
     def _make_tuner(self, plan: Plan, backend: LocalBackend) -> Tuner:
-        spec = {s.name: s for s in self.loaded.pipeline.spec.stages}
-        floors = [spec[s.name].min_replicas or 1 for s in plan.stages]
-        rhos = effective_rhos(
-            [s.rho for s in plan.stages],
-            [s.replicas <= f for s, f in zip(plan.stages, floors, strict=True)],
+        stages = stage_tunings(
+            plan,
+            self.loaded.pipeline.spec.stages,
+            max_replicas=self.settings.max_replicas,
+            pinned=set(self.settings.replicas),
         )
-        stages = [
-            StageTuning(
-                name=s.name,
-                min_replicas=floor,
-                max_replicas=spec[s.name].max_replicas or self.settings.max_replicas,
-                scale_factor=s.scale_factor,
-                throughput_rps=s.throughput_rps,
-                max_provisioning_ratio=rho,
-            )
-            for s, floor, rho in zip(plan.stages, floors, rhos, strict=True)
-            if s.name not in self.settings.replicas and spec[s.name].replicas is None
-        ]
         router = self.router
 
         class Actuator:

@@ -34,8 +34,15 @@ from sloline.operator.settings import OperatorSettings
 from sloline.planner.plan import Plan
 from sloline.serving.metrics import TunerMetrics
 from sloline.spec import PipelineGraph, parse_pipeline
-from sloline.tuner.policy import Decision, TunerSettings, effective_rhos
-from sloline.tuner.sources import GetJson, PrometheusSource, StageTuning, Tuner, urllib_get_json
+from sloline.tuner.policy import Decision, TunerSettings
+from sloline.tuner.sources import (
+    GetJson,
+    PrometheusSource,
+    StageTuning,
+    Tuner,
+    stage_tunings,
+    urllib_get_json,
+)
 
 _LOG = logging.getLogger(__name__)
 ATTAINMENT_EVERY_S = 30.0
@@ -74,24 +81,9 @@ def tuning_for(
     """Per-stage tuning parameters from the plan (as the embedded mode's tuner): stages
     whose replicas the spec pins are left alone; bounds from the spec, else 1 and
     `tuner.maxReplicas`; rho_m made effective for stages planned at their floor."""
-    spec = {s.name: s for s in graph.pipeline.spec.stages}
-    floors = [spec[s.name].min_replicas or 1 for s in plan.stages]
-    rhos = effective_rhos(
-        [s.rho for s in plan.stages],
-        [s.replicas <= floor for s, floor in zip(plan.stages, floors, strict=True)],
+    stages = stage_tunings(
+        plan, graph.pipeline.spec.stages, max_replicas=settings.tuner.max_replicas
     )
-    stages = [
-        StageTuning(
-            name=s.name,
-            min_replicas=floor,
-            max_replicas=spec[s.name].max_replicas or settings.tuner.max_replicas,
-            scale_factor=s.scale_factor,
-            throughput_rps=s.throughput_rps,
-            max_provisioning_ratio=rho,
-        )
-        for s, floor, rho in zip(plan.stages, floors, rhos, strict=True)
-        if spec[s.name].replicas is None
-    ]
     windows = plan.envelope.windows_s
     return stages, settings.tuner.tuner_settings(windows[0], windows[-1])
 

@@ -26,9 +26,9 @@ import math
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sloline.tuner.envelope import Envelope, StreamingEnvelope
 from sloline.tuner.policy import (
@@ -38,7 +38,12 @@ from sloline.tuner.policy import (
     TunerOutcome,
     TunerSettings,
     decide,
+    effective_rhos,
 )
+
+if TYPE_CHECKING:
+    from sloline.planner.plan import Plan
+    from sloline.spec.models import StageSpec
 
 __all__ = [
     "Actuator",
@@ -50,6 +55,7 @@ __all__ = [
     "StageTuning",
     "StreamingSource",
     "Tuner",
+    "stage_tunings",
     "urllib_get_json",
 ]
 
@@ -243,6 +249,37 @@ class StageTuning:
     scale_factor: float
     throughput_rps: float
     max_provisioning_ratio: float
+
+
+def stage_tunings(
+    plan: Plan,
+    stages: Sequence[StageSpec],
+    *,
+    max_replicas: int,
+    pinned: Collection[str] = (),
+) -> list[StageTuning]:
+    """Per-stage tuning parameters from the plan, for the embedded and Kubernetes tuners
+    alike: stages whose replicas the spec (or `pinned`) fixes are left alone; bounds are
+    the spec's min/max replicas, else 1 and `max_replicas`; rho_m is made effective for
+    stages planned at their floor."""
+    spec = {s.name: s for s in stages}
+    floors = [spec[s.name].min_replicas or 1 for s in plan.stages]
+    rhos = effective_rhos(
+        [s.rho for s in plan.stages],
+        [s.replicas <= floor for s, floor in zip(plan.stages, floors, strict=True)],
+    )
+    return [
+        StageTuning(
+            name=s.name,
+            min_replicas=floor,
+            max_replicas=spec[s.name].max_replicas or max_replicas,
+            scale_factor=s.scale_factor,
+            throughput_rps=s.throughput_rps,
+            max_provisioning_ratio=rho,
+        )
+        for s, floor, rho in zip(plan.stages, floors, rhos, strict=True)
+        if s.name not in pinned and spec[s.name].replicas is None
+    ]
 
 
 class Tuner:
