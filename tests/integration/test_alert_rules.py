@@ -4,12 +4,12 @@ series that do not (alert_rules_test.yaml)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+
+from tests.support.prometheus import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "helm" / "sloline" / "files" / "rules" / "sloline.rules.yaml"
@@ -17,10 +17,7 @@ RULE_TESTS = Path(__file__).with_name("alert_rules_test.yaml")
 
 
 def _promtool() -> str:
-    binary = shutil.which("promtool")
-    if binary is None:
-        pytest.skip("promtool is not installed (apt-get install prometheus)")
-    return binary
+    return tool("promtool")
 
 
 def _alerts() -> list[str]:

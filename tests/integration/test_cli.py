@@ -11,7 +11,8 @@ from pathlib import Path
 
 import psutil
 
-from tests.integration.test_examples_served import free_port, wait_ready
+from tests.integration.test_examples_served import wait_ready
+from tests.support.net import free_port
 from tests.support.serve import NOOP
 
 

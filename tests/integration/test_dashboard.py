@@ -22,8 +22,8 @@ from sloline.planner.profiler import ProfilerSettings
 from sloline.planner.session import plan_pipeline
 from sloline.spec import DEFAULT_CATALOG, load_pipeline
 from sloline.tuner.envelope import window_label
-from tests.integration.test_examples_served import free_port
 from tests.integration.test_tuner_live import open_loop
+from tests.support.net import free_port
 from tests.support.prometheus import Prometheus
 from tests.support.serve import SLEEPY, BackgroundPipeline
 

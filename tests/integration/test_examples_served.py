@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -23,13 +22,8 @@ import tritonclient.http as httpclient
 from sloline.serving.inprocess import InProcessPipeline
 from sloline.serving.router import RouterSettings
 from sloline.spec import load_pipeline
+from tests.support.net import free_port
 from tests.support.serve import EXAMPLES, BackgroundPipeline, build_example
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_ready(url: str, process: subprocess.Popen[str], timeout_s: float = 60) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ from sloline.spec.hardware import (
     KubernetesPlacement,
 )
 from sloline.spec.loader import parse_pipeline
+from tests.support.prometheus import find_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM = ROOT / ".tools" / "bin" / "helm"
@@ -367,7 +367,7 @@ def test_rendered_objects_validate_against_kubernetes_schemas(
     assert checked >= 6
 
 
-PROMTOOL = shutil.which("promtool")
+PROMTOOL = find_tool("promtool")
 
 
 @needs_helm

@@ -1,6 +1,6 @@
 """The operator end to end: kopf (`KopfRunner`) against the Kubernetes API emulator
 (tests/support/kube), with profiling Jobs run for real by a stand-in kubelet
-(tests/support/kubelet.py: `sloline profile-job`'s body on the files the Job mounts),
+(tests/support/profile_jobs.py: `sloline profile-job`'s body on the files the Job mounts),
 a real Prometheus for the tuner daemon and the real kubectl.
 
 The emulator runs no controllers, so the tests do their part: run Jobs, and report
@@ -35,9 +35,9 @@ from sloline.operator.settings import OperatorSettings, parse_settings
 from sloline.operator.tuner import OperatorMetrics
 from sloline.planner.plan import Plan
 from sloline.serving.metrics import RouterMetrics, StateCollector
-from tests.integration.test_examples_served import free_port
 from tests.support.kube import KubeEmulator
-from tests.support.kubelet import finish_job, run_job
+from tests.support.net import free_port
+from tests.support.profile_jobs import finish_job, run_job
 from tests.support.prometheus import Prometheus
 from tests.support.serve import build_example
 

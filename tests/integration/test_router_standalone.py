@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,15 +34,10 @@ from tritonclient.utils import InferenceServerException
 
 from sloline.planner.plan import Plan, StagePlan
 from sloline.tuner.envelope import Envelope
+from tests.support.net import free_port
 from tests.support.serve import NOOP
 
 NOOP_DIR = NOOP.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def status(url: str) -> int:

@@ -13,8 +13,8 @@ from sloline.planner.session import plan_pipeline
 from sloline.spec import DEFAULT_CATALOG, load_pipeline
 from sloline.tuner.policy import StageState, TunerContext, TunerSettings, decide
 from sloline.tuner.sources import PrometheusSource, StreamingSource
-from tests.integration.test_examples_served import free_port
 from tests.integration.test_tuner_live import open_loop
+from tests.support.net import free_port
 from tests.support.prometheus import Prometheus
 from tests.support.serve import SLEEPY, BackgroundPipeline
 

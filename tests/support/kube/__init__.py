@@ -16,8 +16,14 @@ injection) plus what kopf and kubectl rely on and kmock lacks:
   offers a kubeconfig, a blocking API, `kubectl(...)` and `as_default()` for kopf;
 - `kubectl.py`: the real kubectl binary.
 
-Not emulated: controllers (no pods from deployments, no deployment status), admission and
-schema validation (OpenAPI is not served; use `--validate=false`), defaulting beyond
+Pods, controllers, Services and ServiceMonitors come to life with the process kubelet
+(`kubelet.py`, opt-in: `ProcessKubelet(emulator, workdir)`; docs/e2e.md); without it,
+nothing runs. `Store.admission` holds mutating admission hooks (tests post-process what
+clients write).
+
+Not emulated by the API server itself: controllers (no pods from deployments, no
+deployment status: the process kubelet's job), validating admission and schema validation
+(OpenAPI is not served; use `--validate=false`), defaulting beyond
 `spec.replicas` of workloads, field managers of server-side apply (treated as a patch),
 `dryRun`, protobuf, Table output (kubectl falls back to its own columns), list paging
 (`limit` returns everything), 410 Gone (all history is kept), multi-version CRD conversion,

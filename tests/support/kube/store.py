@@ -73,6 +73,9 @@ class Store:
         self.objects = kmock.ObjectsArray()
         self.events: list[Event] = []
         self.closed = False
+        # Mutating admission: `fn(kind, obj)` may edit what a client creates or updates
+        # (tests use it to post-process what an operator writes).
+        self.admission: list[Callable[[str, dict[str, Any]], None]] = []
         self._rv = 0
         self._changed = asyncio.Event()
 
@@ -128,6 +131,7 @@ class Store:
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
         if kind.scale and not kind.custom:  # API defaulting of the built-in workloads
             obj.setdefault("spec", {}).setdefault("replicas", 1)
+        self._admit(kind, obj, None)
         self._prepare(kind, obj)
         meta["resourceVersion"] = self._next_rv()
         if key in self.objects:
@@ -347,6 +351,7 @@ class Store:
             if "status" in old:
                 new["status"] = old["status"]
         new.update(apiVersion=kind.api_version, kind=kind.kind)
+        self._admit(kind, new, subresource)
         meta, old_meta = new.setdefault("metadata", {}), old["metadata"]
         for field in SYSTEM_METADATA:
             meta.pop(field, None)
@@ -372,6 +377,11 @@ class Store:
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             return self._remove(kind, new)
         return self._store(kind, new, old)
+
+    def _admit(self, kind: Kind, obj: dict[str, Any], subresource: str | None) -> None:
+        if subresource is None:  # status and scale writes are not admitted again
+            for admit in self.admission:
+                admit(kind.kind, obj)
 
     def _store(self, kind: Kind, obj: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
         obj["metadata"]["resourceVersion"] = self._next_rv()

@@ -1,0 +1,484 @@
+"""`ProcessKubelet`: a one-node cluster behind the Kubernetes API emulator, made of local
+processes — the kubelet, the Deployment and Job controllers, kube-proxy, cluster DNS and
+the Prometheus Operator's ServiceMonitor discovery — for end-to-end tests of manifests
+as rendered (tests/e2e, docs/e2e.md).
+
+    with KubeEmulator() as kube, ProcessKubelet(kube, tmp_path / "node") as node:
+        kube.load(manifests)
+        kube.wait_for("deployments", "default", "web", lambda d: ...readyReplicas...)
+        ip = node.cluster_ip("default", "web")   # reachable from the test process
+
+It runs in its own thread and event loop. Every `poll_s` (and at once when one of its
+pods changes) it reads the emulator's resource version; when anything changed it lists
+Deployments, Jobs, Pods, Services and ServiceMonitors in all namespaces and brings the
+node in line (level-triggered, like the real controllers):
+
+- `controllers.py`: Deployments and Jobs make Pod objects (and their status);
+- `runtime.py`: every Pod object runs on this node, each container's command as a local
+  process tree in its own namespaces (`podexec.py`); its status goes back through
+  `/status`, and a deleted pod's processes are stopped (SIGTERM, the grace period,
+  SIGKILL) before its object goes (see `controllers.FINALIZER`);
+- `network.py`: pod IPs, Service cluster IPs (written to `spec.clusterIP`), hosts files
+  (per pod, bind-mounted at /etc/hosts, rewritten in place) and the kube-proxy process;
+- `monitoring.py`: ServiceMonitors -> the targets file of `start_prometheus()`.
+
+Logs: `<workdir>/logs/<ns>_<pod>_<container>.log` per container (stdout and stderr) and
+`<workdir>/logs/kubelet.log` (what the kubelet did); `explain()` summarises pods for
+assertion messages. Needs root, util-linux (`unshare`, `setpriv`, `nsenter`) and Linux
+namespaces: `unsupported_reason()` says why not, for a skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from tests.support.kube.controllers import FINALIZER, Controllers
+from tests.support.kube.kinds import ApiError
+from tests.support.kube.monitoring import file_sd_job, service_monitor_targets, write_targets
+from tests.support.kube.network import AddressPool, ProxyProcess, hosts_text, proxy_table
+from tests.support.kube.podspec import Obj
+from tests.support.kube.runtime import LAUNCH_NAMESPACES, Node, PodRuntime, tool, utc_now
+from tests.support.prometheus import Prometheus
+
+NODE_NAME = "local"
+
+
+@functools.cache
+def unsupported_reason() -> str | None:
+    """Why the process kubelet cannot run here (for `pytest.skip`), or None."""
+    if not sys.platform.startswith("linux"):
+        return "the process kubelet needs Linux namespaces"
+    if os.geteuid() != 0:
+        return "the process kubelet needs root (it bind-mounts in per-container namespaces)"
+    for name in ("unshare", "setpriv", "nsenter", "mount"):
+        if shutil.which(name) is None:
+            return f"the process kubelet needs {name} (util-linux)"
+    probe = subprocess.run(
+        [*LAUNCH_NAMESPACES, "--", tool("mount"), "--bind", "/dev", "/dev"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode != 0:
+        return f"unshare cannot make mount and PID namespaces here: {probe.stderr.strip()}"
+    return None
+
+
+class ProcessKubelet:
+    """The node (see the module docstring); a context manager, inside the emulator's.
+
+    `extra_env` is added to every container's environment (after the image's and before
+    the pod's own). Its methods are thread-safe and blocking.
+    """
+
+    def __init__(
+        self,
+        emulator: Any,
+        workdir: str | Path,
+        *,
+        extra_env: Mapping[str, str] | None = None,
+        poll_s: float = 0.1,
+        restart_backoff_s: float = 0.5,
+        job_backoff_s: float = 1.0,
+        stop_grace_s: float = 10.0,
+        pod_network: str = "127.1.0.0/16",
+        service_network: str = "127.2.0.0/16",
+    ) -> None:
+        self.api = emulator
+        self.workdir = Path(workdir).resolve()
+        self.log_dir = self.workdir / "logs"
+        self.targets_file = self.workdir / "prometheus" / "targets.json"
+        self.failures: list[BaseException] = []
+        self._extra_env = dict(extra_env or {})
+        self._poll_s, self._stop_grace_s = poll_s, stop_grace_s
+        self._restart_backoff_s, self._job_backoff_s = restart_backoff_s, job_backoff_s
+        self._pod_ips, self._service_ips = AddressPool(pod_network), AddressPool(service_network)
+        self._cluster_ips: dict[str, str] = {}  # Service uid -> its cluster IP
+        self._runtimes: dict[str, PodRuntime] = {}  # Pod uid -> runtime
+        self._stopping_pods: dict[str, asyncio.Task[None]] = {}
+        self._written: dict[str, Obj] = {}  # Pod uid -> the status last written
+        self._dirty: set[str] = set()
+        self._launched: list[PodRuntime] = []
+        self._services: list[Obj] = []
+        self._services_key = ""
+        self._prometheus: list[Prometheus] = []
+        self._thread = threading.Thread(target=self._run, name="process-kubelet", daemon=True)
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._stop: asyncio.Event | None = None
+        self._log_file: Any = None
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        reason = unsupported_reason()
+        if reason is not None:
+            raise RuntimeError(reason)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._log_file = (self.log_dir / "kubelet.log").open("a", buffering=1)
+        self._node = Node(
+            name=NODE_NAME,
+            workdir=self.workdir,
+            kubeconfig=json.loads(Path(self.api.kubeconfig_path).read_text()),
+            config_maps=lambda ns, n: self._find("configmaps", ns, n),
+            secrets=lambda ns, n: self._find("secrets", ns, n),
+            log=self.log,
+            extra_env=self._extra_env,
+            restart_backoff_s=self._restart_backoff_s,
+        )
+        self._controllers = Controllers(self.api, NODE_NAME, self.log, self._job_backoff_s)
+        self._proxy = ProxyProcess(self.log_dir / "kube-proxy.log")
+        self._register_node()
+        write_targets(self.targets_file, [])
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the process kubelet did not start")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for prometheus in self._prometheus:
+            prometheus.stop()
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(self._stop_grace_s + 30)
+        self._proxy.close()
+        self._remove_created_mount_points()
+        if left := self.pod_processes():
+            self.failures.append(RuntimeError(f"pod processes outlived the kubelet: {left}"))
+        self._log_file.close()
+        if exc is None and self.failures:
+            raise AssertionError(
+                f"the process kubelet failed {len(self.failures)} time(s); the first:\n"
+                + "".join(traceback.format_exception(self.failures[0]))
+                + f"\nlogs: {self.log_dir}"
+            )
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake, self._stop = asyncio.Event(), asyncio.Event()
+        self._ready.set()
+        seen, last_tick = "", 0.0
+        while not self._stop.is_set():
+            version = self.api.call(lambda s: s.resource_version)
+            if version != seen or self._wake.is_set() or time.monotonic() - last_tick > 1.0:
+                self._wake.clear()
+                seen, last_tick = version, time.monotonic()
+                try:
+                    self._tick()
+                except Exception as exc:  # a harness bug: reported when the kubelet stops
+                    self.failures.append(exc)
+                    self.log("tick failed:\n" + traceback.format_exc())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._poll_s)
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        for runtime in list(self._runtimes.values()):
+            if runtime.uid not in self._stopping_pods:
+                self._stopping_pods[runtime.uid] = asyncio.create_task(self._stop_pod(runtime))
+        await asyncio.gather(*self._stopping_pods.values(), return_exceptions=True)
+
+    # -- one pass -------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        deployments, jobs = self.api.list("deployments"), self.api.list("jobs")
+        pods = self.api.list("pods")
+        self._controllers.sync(deployments, jobs, pods)
+        services = self._assign_cluster_ips(self.api.list("services"))
+        self._sync_pods(pods, services)
+        self._sync_network(services, pods)
+        monitors = self._list_if_served("servicemonitors")
+        write_targets(self.targets_file, service_monitor_targets(monitors, services, pods))
+
+    def _list_if_served(self, resource: str) -> list[Obj]:
+        try:
+            return list(self.api.list(resource))
+        except LookupError:
+            return []
+
+    def _find(self, resource: str, namespace: str, name: str) -> Obj | None:
+        found: Obj | None = self.api.find(resource, namespace, name)
+        return found
+
+    def _sync_pods(self, pods: list[Obj], services: list[Obj]) -> None:
+        present = set()
+        for pod in pods:
+            meta = pod["metadata"]
+            uid = meta["uid"]
+            present.add(uid)
+            runtime = self._runtimes.get(uid)
+            if runtime is None:
+                if meta.get("deletionTimestamp"):
+                    self._release(pod)
+                elif (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                    self._start_pod(pod, services)
+            elif meta.get("deletionTimestamp") and uid not in self._stopping_pods:
+                self._stopping_pods[uid] = asyncio.create_task(self._stop_pod(runtime, pod))
+            if uid in self._dirty and uid in self._runtimes:
+                self._write_status(self._runtimes[uid])
+        for uid, runtime in list(self._runtimes.items()):
+            if uid not in present and uid not in self._stopping_pods:
+                self._stopping_pods[uid] = asyncio.create_task(self._stop_pod(runtime))
+
+    def _start_pod(self, pod: Obj, services: list[Obj]) -> None:
+        meta = pod["metadata"]
+        ip = self._pod_ips.allocate()
+        runtime = PodRuntime(self._node, pod, ip, lambda: self._changed(meta["uid"]))
+        self._runtimes[meta["uid"]] = runtime
+        self._launched.append(runtime)
+        self.log(f"{runtime.key}: starting on {ip}")
+        runtime.start(hosts_text(meta["name"], ip, meta["namespace"], services))
+        self._write_status(runtime)
+
+    async def _stop_pod(self, runtime: PodRuntime, pod: Obj | None = None) -> None:
+        """Stop the pod's processes, then let its object go (remove our finalizer)."""
+        grace = None if pod is not None else min(runtime.grace_s, self._stop_grace_s)
+        if self._stop is not None and self._stop.is_set():
+            grace = min(runtime.grace_s, self._stop_grace_s)
+        self.log(f"{runtime.key}: stopping")
+        try:
+            await runtime.stop(grace)
+            self._write_status(runtime)
+            identity = {"namespace": runtime.namespace, "name": runtime.name, "uid": runtime.uid}
+            self._release(pod or {"metadata": identity})
+            self.log(f"{runtime.key}: stopped")
+        except Exception as exc:
+            self.failures.append(exc)
+            self.log(f"{runtime.key}: stopping failed:\n" + traceback.format_exc())
+        finally:
+            self._runtimes.pop(runtime.uid, None)
+            self._stopping_pods.pop(runtime.uid, None)
+            self._written.pop(runtime.uid, None)
+            self._dirty.discard(runtime.uid)
+
+    def _release(self, pod: Obj) -> None:
+        """Remove the kubelet's finalizer from a deleted pod, so that it goes away."""
+        meta = pod["metadata"]
+        try:
+            live = self.api.get("pods", meta["namespace"], meta["name"])
+        except ApiError:
+            return
+        finalizers = live["metadata"].get("finalizers") or []
+        if live["metadata"]["uid"] != meta["uid"] or FINALIZER not in finalizers:
+            return
+        keep = [f for f in finalizers if f != FINALIZER]
+        with contextlib.suppress(ApiError):
+            self.api.patch(
+                "pods", meta["namespace"], meta["name"], {"metadata": {"finalizers": keep}}
+            )
+
+    def _changed(self, uid: str) -> None:
+        self._dirty.add(uid)
+        if self._wake is not None:
+            self._wake.set()
+
+    def _write_status(self, runtime: PodRuntime) -> None:
+        self._dirty.discard(runtime.uid)
+        status = runtime.status()
+        if self._written.get(runtime.uid) == status:
+            return
+        replace = [{"op": "add", "path": "/status", "value": status}]
+        try:
+            self.api.patch(
+                "pods",
+                runtime.namespace,
+                runtime.name,
+                replace,
+                subresource="status",
+                patch_type="json",
+            )
+            self._written[runtime.uid] = status
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    # -- services -------------------------------------------------------------------------
+
+    def _assign_cluster_ips(self, services: list[Obj]) -> list[Obj]:
+        """Give every ClusterIP Service an address of ours, as the API server would."""
+        out = []
+        for service in services:
+            meta, spec = service["metadata"], service.get("spec") or {}
+            current = spec.get("clusterIP")
+            if current == "None" or spec.get("type") == "ExternalName":
+                out.append(service)
+                continue
+            ip = self._cluster_ips.get(meta["uid"])
+            if ip is None:
+                ip = self._cluster_ips[meta["uid"]] = self._service_ips.allocate()
+            if current != ip:
+                patch = {"spec": {"clusterIP": ip, "clusterIPs": [ip]}}
+                self.log(f"{meta['namespace']}/{meta['name']}: service at {ip}")
+                out.append(self.api.patch("services", meta["namespace"], meta["name"], patch))
+            else:
+                out.append(service)
+        return out
+
+    def _sync_network(self, services: list[Obj], pods: list[Obj]) -> None:
+        for error in self._proxy.update(proxy_table(services, pods)):
+            self.log(f"kube-proxy: {error}")
+        key = json.dumps([(s["metadata"], s["spec"].get("clusterIP")) for s in services])
+        if key != self._services_key:
+            self._services_key, self._services = key, services
+            for runtime in self._runtimes.values():
+                runtime.update_hosts(
+                    hosts_text(runtime.name, runtime.ip, runtime.namespace, services)
+                )
+
+    # -- the node, its host-side traces ---------------------------------------------------
+
+    def _register_node(self) -> None:
+        addresses = [
+            {"type": "InternalIP", "address": "127.0.0.1"},
+            {"type": "Hostname", "address": socket.gethostname()},
+        ]
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": NODE_NAME, "labels": {"kubernetes.io/hostname": NODE_NAME}},
+            "status": {
+                "addresses": addresses,
+                "conditions": [{**ready, "lastTransitionTime": utc_now()}],
+            },
+        }
+        with contextlib.suppress(ApiError):
+            self.api.create(node)
+
+    def _remove_created_mount_points(self) -> None:
+        """Remove the mount points the launchers had to create on the host (deepest first,
+        only if they are still the same, empty file or folder)."""
+        record = self._node.created_record if hasattr(self, "_node") else None
+        if record is None or not record.exists():
+            return
+        entries = [json.loads(line) for line in record.read_text().splitlines() if line]
+        for entry in sorted(entries, key=lambda e: -len(Path(e["path"]).parts)):
+            path = Path(entry["path"])
+            with contextlib.suppress(OSError):
+                info = path.lstat()
+                if (info.st_dev, info.st_ino) != (entry["dev"], entry["ino"]):
+                    continue
+                if path.is_dir():
+                    path.rmdir()
+                elif info.st_size == 0:
+                    path.unlink()
+
+    # -- the public API -------------------------------------------------------------------
+
+    def log(self, message: str) -> None:
+        """A line in `<workdir>/logs/kubelet.log`."""
+        if self._log_file is not None and not self._log_file.closed:
+            self._log_file.write(f"{utc_now()} {message}\n")
+
+    def cluster_ip(self, namespace: str, service: str) -> str:
+        """The Service's cluster IP: reachable from the test process too."""
+        ip: str = self.api.get("services", namespace, service)["spec"].get("clusterIP", "")
+        if ip not in self._service_ips:
+            raise LookupError(f"service {namespace}/{service} has no cluster IP of this node yet")
+        return ip
+
+    def service_address(self, namespace: str, service: str, port: str | int) -> str:
+        """`clusterIP:port` of a Service port given by name or number."""
+        spec = self.api.get("services", namespace, service)["spec"]
+        for item in spec.get("ports") or []:
+            if port in (item.get("name"), item["port"]):
+                return f"{self.cluster_ip(namespace, service)}:{item['port']}"
+        raise LookupError(f"service {namespace}/{service} has no port {port!r}")
+
+    def pod_processes(self, namespace: str | None = None) -> list[int]:
+        """Host PIDs of the running container launchers (of pods in `namespace`); each
+        one's PID namespace holds all of that container's processes and dies with it."""
+        pids = []
+        for runtime in self._launched:
+            if namespace not in (None, runtime.namespace):
+                continue
+            for container in runtime.containers:
+                process = container.process
+                if process is not None and process.returncode is None:
+                    pids.append(process.pid)
+        return pids
+
+    def logs(self, namespace: str | None = None, prefix: str = "") -> list[Path]:
+        """Container log files, for pods of `namespace` whose names start with `prefix`."""
+        pattern = f"{namespace or '*'}_{prefix}*.log"
+        return sorted(self.log_dir.glob(pattern))
+
+    def explain(self, namespace: str | None = None, prefix: str = "", tail: int = 8) -> str:
+        """What the pods (of `namespace`, named `prefix...`) are doing: phase, readiness,
+        restarts, the latest probe or start problem, the log's last lines and its path."""
+        lines = []
+        for runtime in list(self._launched):
+            if namespace not in (None, runtime.namespace) or not runtime.name.startswith(prefix):
+                continue
+            gone = " (stopped)" if runtime.finished else ""
+            waiting = f", waiting: {runtime.pending}" if runtime.pending else ""
+            lines.append(f"pod {runtime.key}{gone} {runtime.ip}: {runtime.phase()}{waiting}")
+            for c in runtime.containers:
+                state = next(iter(c.state), "?")
+                lines.append(
+                    f"  container {c.name}: {state}, ready={c.ready}, restarts={c.restart_count}"
+                    + (f"\n    last run ended: {c.ended}" if c.ended else "")
+                    + (f"\n    problem: {c.problem}" if c.problem and not c.ready else "")
+                    + f"\n    log: {c.log_path}"
+                )
+                with contextlib.suppress(OSError):
+                    text = c.log_path.read_text(errors="replace").splitlines()[-tail:]
+                    lines += [f"    | {line}" for line in text]
+        if not prefix:
+            lines.append(self.explain_services(namespace))
+        return "\n".join(lines) or f"no pods{f' in {namespace}' if namespace else ''}"
+
+    def explain_services(self, namespace: str | None = None) -> str:
+        """The Services (of `namespace`): cluster IP, and per port its endpoints."""
+        lines, table = [], self._proxy.table
+        for service in self._services:
+            meta, spec = service["metadata"], service.get("spec") or {}
+            if namespace not in (None, meta["namespace"]):
+                continue
+            ip = spec.get("clusterIP", "")
+            ports = []
+            for port in spec.get("ports") or []:
+                backends = table.get(f"{ip}:{port['port']}") or "no endpoints"
+                ports.append(f"{port.get('name', '')}:{port['port']} -> {backends}")
+            where = f"service {meta['namespace']}/{meta['name']} {ip}"
+            lines.append(f"{where}: {', '.join(ports) or 'no ports'}")
+        return "\n".join(lines)
+
+    def start_prometheus(
+        self, *, port: int, extra_scrape_configs: Sequence[Obj] = ()
+    ) -> Prometheus:
+        """A real Prometheus scraping what the ServiceMonitors select (started and ready;
+        stopped with the kubelet, or by the caller)."""
+        prometheus = Prometheus(
+            self.workdir / "prometheus",
+            (),
+            port,
+            scrape_configs=[file_sd_job(self.targets_file), *extra_scrape_configs],
+        )
+        self._prometheus.append(prometheus)
+        prometheus.wait_ready()
+        return prometheus
