@@ -25,7 +25,7 @@ from sloline.operator.render import pipeline_file
 from sloline.operator.settings import OperatorSettings
 from sloline.planner.profile import StageProfile
 from sloline.planner.profile_message import encode_profile
-from tests.support.kubelet import profile_message
+from tests.support.profile_jobs import profile_message
 from tests.unit.operator.helpers import DIGITS, NOOP, gpu_settings, pipeline_object
 
 SETTINGS = OperatorSettings()
