@@ -4,17 +4,25 @@ DESIGN.md.
 Dashboards, alerts and the tuner's Prometheus source depend on these names; change them
 only together (docs/operations.md lists them all, and a test keeps that list complete).
 The registry is injected so tests and several routers in one process do not collide.
-Queue lengths and replica counts are read at scrape time through a collector, so the
-request hot path only touches counters and histograms.
+Queue lengths and replica counts are read at scrape time through a collector, and the
+request path only adds to plain numbers that another collector exports.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
+from itertools import accumulate
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from sloline.tuner.envelope import Envelope, window_label
 from sloline.tuner.policy import Decision
@@ -64,8 +72,40 @@ def latency_buckets(slo_s: float | None) -> tuple[float, ...]:
     return tuple(sorted((*LATENCY_BUCKETS_S, slo_s)))
 
 
+class Series:
+    """One histogram series kept as plain numbers on the request path.
+
+    prometheus_client's `Histogram.observe` takes a lock and walks the buckets in Python
+    (~5 us); this is a C bisect and two additions. Only the router's event loop writes;
+    a scrape on that loop reads a consistent snapshot, one from another thread at worst
+    a count one observation behind its buckets.
+    """
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative counts per `le` bound, as Prometheus exposes them."""
+        edges = [*map(floatToGoString, self.bounds), "+Inf"]
+        return list(zip(edges, accumulate(self.counts), strict=True))
+
+
 class RouterMetrics:
-    """All metric families of one pipeline's router."""
+    """All metric families of one pipeline's router.
+
+    The per-request families (requests by code, latency, SLO misses, batch sizes,
+    service times) are plain counters and `Series` exported at scrape time by a
+    collector, so recording costs well under a microsecond; the rare-event counters
+    (re-queues, stage errors) are ordinary prometheus_client counters.
+    """
 
     def __init__(
         self,
@@ -76,39 +116,12 @@ class RouterMetrics:
         slo_s: float | None = None,
     ) -> None:
         self.pipeline = pipeline
-        self.requests = Counter(
-            "sloline_requests",
-            "Requests answered, by status code.",
-            ["pipeline", "code"],
-            registry=registry,
-        )
-        self.latency = Histogram(
-            "sloline_request_latency_seconds",
-            "End-to-end latency of answered requests.",
-            ["pipeline"],
-            buckets=latency_buckets(slo_s),
-            registry=registry,
-        )
-        self.slo_miss = Counter(
-            "sloline_slo_miss",
-            "Requests slower than the SLO or failed.",
-            ["pipeline"],
-            registry=registry,
-        )
-        self.batch_size = Histogram(
-            "sloline_stage_batch_size",
-            "Items per dispatched batch.",
-            ["pipeline", "stage"],
-            buckets=BATCH_BUCKETS,
-            registry=registry,
-        )
-        self.service = Histogram(
-            "sloline_stage_service_seconds",
-            "Model time per batch, measured in the worker.",
-            ["pipeline", "stage"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=registry,
-        )
+        self.codes: dict[int, int] = {200: 0}
+        self.latency = Series(latency_buckets(slo_s))
+        self.slo_miss = 0
+        self.batch_size = {s: Series(tuple(map(float, BATCH_BUCKETS))) for s in stages}
+        self.service = {s: Series(LATENCY_BUCKETS_S) for s in self.batch_size}
+        registry.register(_HotPathCollector(self))
         self.requeued = Counter(
             "sloline_stage_requeued_items",
             "Items re-queued after their worker died.",
@@ -121,31 +134,60 @@ class RouterMetrics:
             ["pipeline", "stage", "reason"],
             registry=registry,
         )
-        self._latency = self.latency.labels(pipeline)
-        self._slo_miss = self.slo_miss.labels(pipeline)
-        self._batch = {s: self.batch_size.labels(pipeline, s) for s in stages}
-        self._service = {s: self.service.labels(pipeline, s) for s in self._batch}
-        self._codes: dict[int, Counter] = {200: self.requests.labels(pipeline, "200")}
-        for stage in self._batch:
+        for stage in self.batch_size:
             self.requeued.labels(pipeline, stage)
             for reason in STAGE_ERROR_REASONS:
                 self.stage_errors.labels(pipeline, stage, reason)
 
     def answered(self, code: int, latency_s: float | None, slo_s: float) -> None:
-        counter = self._codes.get(code)
-        if counter is None:
-            counter = self._codes[code] = self.requests.labels(self.pipeline, str(code))
-        counter.inc()
+        self.codes[code] = self.codes.get(code, 0) + 1
         if latency_s is not None:
-            self._latency.observe(latency_s)
+            self.latency.observe(latency_s)
         if latency_s is None or latency_s > slo_s:
-            self._slo_miss.inc()
+            self.slo_miss += 1
 
     def batch(self, stage: str, size: int) -> None:
-        self._batch[stage].observe(size)
+        self.batch_size[stage].observe(size)
 
     def service_time(self, stage: str, seconds: float) -> None:
-        self._service[stage].observe(seconds)
+        self.service[stage].observe(seconds)
+
+
+class _HotPathCollector(Collector):
+    """Exports `RouterMetrics`' plain counters and series under the DESIGN.md names."""
+
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        m, p = self._m, self._m.pipeline
+        requests = CounterMetricFamily(
+            "sloline_requests", "Requests answered, by status code.", labels=["pipeline", "code"]
+        )
+        for code, count in sorted(m.codes.items()):
+            requests.add_metric([p, str(code)], count)
+        latency = HistogramMetricFamily(
+            "sloline_request_latency_seconds",
+            "End-to-end latency of answered requests.",
+            labels=["pipeline"],
+        )
+        latency.add_metric([p], m.latency.buckets(), m.latency.sum)
+        miss = CounterMetricFamily(
+            "sloline_slo_miss", "Requests slower than the SLO or failed.", labels=["pipeline"]
+        )
+        miss.add_metric([p], m.slo_miss)
+        batch = HistogramMetricFamily(
+            "sloline_stage_batch_size", "Items per dispatched batch.", labels=["pipeline", "stage"]
+        )
+        service = HistogramMetricFamily(
+            "sloline_stage_service_seconds",
+            "Model time per batch, measured in the worker.",
+            labels=["pipeline", "stage"],
+        )
+        for stage, series in m.batch_size.items():
+            batch.add_metric([p, stage], series.buckets(), series.sum)
+            service.add_metric([p, stage], m.service[stage].buckets(), m.service[stage].sum)
+        return [requests, latency, miss, batch, service]
 
 
 class StateCollector(Collector):

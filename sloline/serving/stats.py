@@ -1,11 +1,12 @@
 """Rolling statistics the live status line shows (p99, attainment, rps, batch sizes).
 
 Samples go into fixed-size ring buffers with their timestamps; quantiles are computed
-only when the status is drawn, so recording costs a few list writes per request.
+only when the status is drawn, so recording costs a few array writes per request.
 """
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,8 +18,10 @@ class Ring:
     __slots__ = ("_i", "_n", "times", "values")
 
     def __init__(self, size: int) -> None:
-        self.times = np.zeros(size)
-        self.values = np.zeros(size)
+        # array, not numpy: storing one Python float is ~10x cheaper, and numpy reads the
+        # same memory without a copy when the status is drawn.
+        self.times = array("d", bytes(8 * size))
+        self.values = array("d", bytes(8 * size))
         self._i = 0
         self._n = 0
 
@@ -31,8 +34,8 @@ class Ring:
 
     def since(self, t0: float) -> np.ndarray:
         n = min(self._n, len(self.times))
-        mask = self.times[:n] >= t0
-        return self.values[:n][mask]
+        times = np.frombuffer(self.times, dtype=np.float64, count=n)
+        return np.frombuffer(self.values, dtype=np.float64, count=n)[times >= t0]
 
 
 @dataclass(frozen=True, slots=True)
