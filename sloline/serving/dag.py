@@ -5,7 +5,8 @@ The router and the in-process executor both drive a request through the pipeline
 with their model inputs gathered. Conditions are evaluated the moment a stage's
 dependencies have finished; a false condition skips the stage, and a stage that needs a
 required value from a skipped stage is skipped too. This is pure bookkeeping: no I/O, no
-clocks, no threads.
+clocks, no threads. What every run of a graph shares (`DagShape`) is computed once; the
+router runs one `DagRun` per request, so a run copies one small dict and adds to two sets.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from sloline.serving.types import StageFailed, Tensor
 from sloline.spec import PipelineGraph
 from sloline.spec.condition import ConditionError
+from sloline.spec.validate import StageNode
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,26 +28,48 @@ class ReadyStage:
     inputs: dict[str, Tensor]  # model input name -> value
 
 
+@dataclass(frozen=True, slots=True)
+class DagShape:
+    """The parts of a `PipelineGraph` every run reads, resolved once."""
+
+    stages: dict[str, StageNode]
+    children: dict[str, tuple[str, ...]]
+    pending: dict[str, int]  # per stage: dependencies not finished yet, at the start
+    roots: tuple[str, ...]
+    output: str
+
+    @staticmethod
+    def of(graph: PipelineGraph) -> DagShape:
+        pending = {name: len(node.deps) for name, node in graph.stages.items()}
+        return DagShape(
+            stages=graph.stages,
+            children={name: graph.children.get(name, ()) for name in graph.stages},
+            pending=pending,
+            roots=tuple(name for name, count in pending.items() if count == 0),
+            output=graph.pipeline.spec.output,
+        )
+
+
 class DagRun:
-    """The progress of one request through a `PipelineGraph`."""
+    """The progress of one request through a `PipelineGraph` (or its `DagShape`)."""
 
-    __slots__ = ("_graph", "_pending", "_values", "done", "skipped")
+    __slots__ = ("_pending", "_shape", "_values", "done", "skipped")
 
-    def __init__(self, graph: PipelineGraph, inputs: Mapping[str, Tensor]) -> None:
-        self._graph = graph
+    def __init__(self, graph: PipelineGraph | DagShape, inputs: Mapping[str, Tensor]) -> None:
+        self._shape = graph if isinstance(graph, DagShape) else DagShape.of(graph)
         self._values: dict[str, Mapping[str, Tensor]] = {"": inputs}
-        self._pending = {name: len(node.deps) for name, node in graph.stages.items()}
+        self._pending = self._shape.pending.copy()
         self.done: set[str] = set()
         self.skipped: set[str] = set()
 
     @property
     def finished(self) -> bool:
-        out = self._graph.pipeline.spec.output
+        out = self._shape.output
         return out in self.done or out in self.skipped
 
     def output(self) -> dict[str, Tensor]:
         """The output stage's values; raises `StageFailed` if the output stage was skipped."""
-        out = self._graph.pipeline.spec.output
+        out = self._shape.output
         if out in self.skipped:
             raise StageFailed(
                 f"output stage {out!r} was skipped (its condition or a required input's "
@@ -54,8 +78,7 @@ class DagRun:
         return dict(self._values[out])
 
     def start(self) -> list[ReadyStage]:
-        roots = [n for n, count in self._pending.items() if count == 0]
-        return self._settle(roots)
+        return self._settle(list(self._shape.roots))
 
     def complete(self, stage: str, outputs: Mapping[str, Tensor]) -> list[ReadyStage]:
         """Record `stage`'s outputs and return the stages that became ready."""
@@ -65,9 +88,10 @@ class DagRun:
 
     def _release(self, stage: str) -> list[str]:
         released = []
-        for child in self._graph.children[stage]:
-            self._pending[child] -= 1
-            if self._pending[child] == 0:
+        pending = self._pending
+        for child in self._shape.children[stage]:
+            pending[child] -= 1
+            if pending[child] == 0:
                 released.append(child)
         return released
 
@@ -85,7 +109,7 @@ class DagRun:
         return ready
 
     def _gather(self, name: str) -> dict[str, Tensor] | None:
-        node = self._graph.stages[name]
+        node = self._shape.stages[name]
         inputs: dict[str, Tensor] = {}
         for input_name, ref, optional in node.input_refs:
             if ref.stage in self.skipped:
