@@ -15,7 +15,10 @@ does that faster than pydantic) and no dependency injection to resolve. Routing 
 through the ASGI app in-process (benchmarks/frontdoor_overhead.py, "ASGI dispatch", 2
 shared cores; quieter runs) costs 58-67 us with a FastAPI-decorated route, 19-21 us with
 a plain route inside FastAPI, and 10-11 us with Starlette. Starlette's own 404 / 405
-are answered in the same `{"error": ...}` shape.
+are answered in the same `{"error": ...}` shape. `POST .../infer`, the one hot route,
+skips even Starlette: the app matches it first and answers it on raw ASGI
+(`_InferEndpoint`), which is also the route's endpoint inside Starlette, so other
+methods on it still get Starlette's 405.
 
 Serve it from a socket made by `bind_socket` (see there: TCP_NODELAY).
 """
@@ -24,9 +27,10 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from starlette.applications import Starlette
@@ -50,6 +54,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 JSON = "application/json"
+_INFER_PATH: Final = re.compile(
+    r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"
+)
+_HEADER_LENGTH: Final = codec.HEADER_LENGTH.lower().encode()
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -100,28 +108,39 @@ def _guarded(handler: Handler) -> Handler:
     return guarded
 
 
-async def _read_body(request: Request, max_body_bytes: int) -> list[bytes]:
+class _Disconnected(Exception):
+    """The client went away before its body arrived: nobody to answer."""
+
+
+async def _read_body(receive: Receive, declared: bytes | None, max_body_bytes: int) -> list[bytes]:
     """The body as the chunks uvicorn received (the codec copies tensors out of them)."""
-    declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
-            raise InvalidInput(f"Content-Length header {declared!r} is not a byte count")
+            raise InvalidInput(
+                f"Content-Length header {declared.decode('latin-1')!r} is not a byte count"
+            )
         if int(declared) > max_body_bytes:
             raise PayloadTooLarge(
-                f"request body is {declared} bytes, over the {max_body_bytes}-byte limit; "
-                "send a smaller batch or raise the server's max_body_bytes"
+                f"request body is {int(declared)} bytes, over the {max_body_bytes}-byte "
+                "limit; send a smaller batch or raise the server's max_body_bytes"
             )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body_bytes:
-            raise PayloadTooLarge(
-                f"request body exceeds the {max_body_bytes}-byte limit; send a smaller "
-                "batch or raise the server's max_body_bytes"
-            )
-        chunks.append(chunk)
-    return chunks
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise PayloadTooLarge(
+                    f"request body exceeds the {max_body_bytes}-byte limit; send a smaller "
+                    "batch or raise the server's max_body_bytes"
+                )
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks
 
 
 def _check_version(plane: DataPlane, name: str, version: str) -> None:
@@ -135,7 +154,7 @@ def create_http_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     metrics_app: ASGIApp | None = None,
-) -> Starlette:
+) -> ASGIApp:
     """The OIP v2 REST app over `plane`, for uvicorn on a socket from `bind_socket`.
 
     `metrics_app` (e.g. `prometheus_client.make_asgi_app(registry)`) answers `GET /metrics`.
@@ -169,29 +188,12 @@ def create_http_app(
         ok = plane.model_ready(name)
         return _json({"name": name, "ready": ok}, 200 if ok else 503)
 
-    async def infer(request: Request) -> Response:
-        name = request.path_params["name"]
-        version = request.path_params.get("version", "")
-        if version:
-            _check_version(plane, name, version)
-        encoding = request.headers.get("content-encoding", "identity")
-        if encoding != "identity":
-            raise InvalidInput(f"Content-Encoding {encoding!r} is not supported; send it plain")
-        body = await _read_body(request, max_body_bytes)
-        infer_request = codec.decode_rest_request(
-            name, body, request.headers.get(codec.HEADER_LENGTH)
-        )
-        response = await plane.infer(infer_request)
-        encoded = codec.encode_rest_response(infer_request, response, model_version=version)
-        if encoded.header_length is None:
-            return Response(encoded.body, media_type=JSON)
-        return _PartsResponse(encoded)
-
+    infer = _InferEndpoint(plane, max_body_bytes)
     model = "/v2/models/{name}"
     versioned = "/v2/models/{name}/versions/{version}"
     routes = [
-        Route(f"{model}/infer", _guarded(infer), methods=["POST"]),
-        Route(f"{versioned}/infer", _guarded(infer), methods=["POST"]),
+        Route(f"{model}/infer", infer, methods=["POST"]),
+        Route(f"{versioned}/infer", infer, methods=["POST"]),
         Route("/v2/health/live", _guarded(live), methods=["GET"]),
         Route("/v2/health/ready", _guarded(ready), methods=["GET"]),
         Route("/v2", _guarded(server_metadata), methods=["GET"]),
@@ -202,7 +204,8 @@ def create_http_app(
     ]
     if metrics_app is not None:
         routes.append(Route("/metrics", _AsgiEndpoint(metrics_app), methods=["GET"]))
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+    return _InferFirst(app, infer)
 
 
 def create_metrics_app(metrics_app: ASGIApp) -> Starlette:
@@ -219,25 +222,82 @@ async def _http_exception(_: Request, exc: Exception) -> Response:
     return _json({"error": exc.detail}, exc.status_code, dict(exc.headers or {}))
 
 
-class _PartsResponse(Response):
-    """A binary-extension response written part by part: the JSON header, then each
-    tensor, so large outputs are not joined into one more copy before the socket."""
+class _InferFirst:
+    """`POST /v2/models/{name}[/versions/{version}]/infer` straight to its endpoint; every
+    other request through Starlette (its middleware and routing cost ~10 us a request)."""
 
-    def __init__(self, encoded: codec.RestBody) -> None:
-        self._parts = encoded.parts
-        super().__init__(
-            headers={
-                "content-length": str(encoded.size),
-                codec.HEADER_LENGTH: str(encoded.header_length),
-            },
-            media_type="application/octet-stream",
-        )
+    def __init__(self, app: Starlette, infer: _InferEndpoint) -> None:
+        self._app = app
+        self._infer = infer
 
-    async def __call__(self, _scope: Scope, _receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        last = len(self._parts) - 1
-        for i, part in enumerate(self._parts):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path = scope["path"]
+            root = scope.get("root_path", "")
+            match = _INFER_PATH.fullmatch(path[len(root) :] if root else path)
+            if match is not None:
+                scope["path_params"] = match.groupdict(default="")
+                await self._infer(scope, receive, send)
+                return
+        await self._app(scope, receive, send)
+
+
+class _InferEndpoint:
+    """`POST .../infer` on raw ASGI: read the body, decode, infer, write the parts.
+
+    Errors as everywhere else: an `InferenceError` is its status with `{"error": ...}`,
+    anything unexpected is logged and answered 500.
+    """
+
+    def __init__(self, plane: DataPlane, max_body_bytes: int) -> None:
+        self._plane = plane
+        self._max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            encoded = await self._answer(scope, receive)
+        except _Disconnected:
+            return
+        except InferenceError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        except Exception as exc:
+            logger.exception("unexpected error serving POST %s", scope["path"])
+            message = f"internal server error: {type(exc).__name__}: {exc}"
+            await _json({"error": message}, 500)(scope, receive, send)
+            return
+        size = b"%d" % encoded.size
+        if encoded.header_length is None:
+            headers = [(b"content-length", size), (b"content-type", JSON.encode())]
+        else:
+            headers = [
+                (b"content-length", size),
+                (_HEADER_LENGTH, b"%d" % encoded.header_length),
+                (b"content-type", b"application/octet-stream"),
+            ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        # Part by part: large outputs are not joined into one more copy before the socket.
+        last = len(encoded.parts) - 1
+        for i, part in enumerate(encoded.parts):
             await send({"type": "http.response.body", "body": part, "more_body": i < last})
+
+    async def _answer(self, scope: Scope, receive: Receive) -> codec.RestBody:
+        name, version = scope["path_params"]["name"], scope["path_params"].get("version", "")
+        if version:
+            _check_version(self._plane, name, version)
+        headers = dict(scope["headers"])
+        encoding = headers.get(b"content-encoding", b"identity")
+        if encoding != b"identity":
+            raise InvalidInput(
+                f"Content-Encoding {encoding.decode('latin-1')!r} is not supported; send it plain"
+            )
+        body = await _read_body(receive, headers.get(b"content-length"), self._max_body_bytes)
+        header_length = headers.get(_HEADER_LENGTH)
+        request = codec.decode_rest_request(
+            name, body, None if header_length is None else header_length.decode("latin-1")
+        )
+        response = await self._plane.infer(request)
+        return codec.encode_rest_response(request, response, model_version=version)
 
 
 class _AsgiEndpoint:
