@@ -100,6 +100,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sloline.embedded import EmbeddedPipeline, EmbeddedSettings, check_models, stage_configs
+    from sloline.serving import process
     from sloline.serving.router import RouterSettings
     from sloline.serving.server import ServerSettings
 
@@ -123,11 +124,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(plan.to_table())
     configs = stage_configs(loaded, settings, plan)
     pipeline = EmbeddedPipeline(loaded, settings, configs=configs, plan=plan)
-    return asyncio.run(_serve(pipeline, args))
+    return process.run(_serve(pipeline, args))
 
 
 async def _serve(pipeline: object, args: argparse.Namespace) -> int:
     from sloline.embedded import EmbeddedPipeline
+    from sloline.serving import process
     from sloline.serving.stats import Window
     from sloline.serving.status import render_status
 
@@ -137,6 +139,7 @@ async def _serve(pipeline: object, args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with pipeline as p:
+        process.freeze_startup_heap()  # after planning and start-up
         spec = p.loaded.pipeline.spec
         print(
             f"sloline {__version__}: serving pipeline {p.loaded.name!r} "
@@ -206,6 +209,7 @@ async def _serve(pipeline: object, args: argparse.Namespace) -> int:
 
 
 def cmd_router(args: argparse.Namespace) -> int:
+    from sloline.serving import process
     from sloline.serving.router import RouterSettings
     from sloline.serving.server import ServerSettings
     from sloline.standalone import describe, load_plan, standalone_router
@@ -231,6 +235,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         async with app:
+            process.freeze_startup_heap()
             print(f"sloline {__version__}: {describe(app, plan)}", flush=True)
             await stop.wait()
             print(
@@ -239,7 +244,7 @@ def cmd_router(args: argparse.Namespace) -> int:
             )
         return 0
 
-    return asyncio.run(serve())
+    return process.run(serve())
 
 
 def _catalog(args: argparse.Namespace) -> HardwareCatalog:
