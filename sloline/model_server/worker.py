@@ -28,13 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import numpy as np
 
 from sloline.model_server.health import HealthServer, HealthState
 from sloline.runtimes import StageRunner, load_pipeline_stage
+from sloline.serving import process, wire
 from sloline.serving.proto import worker_pb2 as pb
-from sloline.serving.proto import worker_pb2_grpc as pb_grpc
-from sloline.serving.types import DTYPES, datatype_of
 from sloline.spec import load_pipeline
 
 log = logging.getLogger(__name__)
@@ -60,38 +58,20 @@ class WorkerSettings:
     stop_timeout_s: float = 25.0  # after SIGTERM, give up on a silent router (grace 30 s)
 
 
-def run_batch(runner: StageRunner, batch: pb.Batch) -> pb.WorkerMessage:
-    """Run one batch through the model; model errors become the batch's error text. The
-    reply is built in place: nested constructors would copy every output's bytes again."""
-    items = [
-        {
-            t.name: np.frombuffer(t.data, dtype=DTYPES[t.datatype]).reshape(t.shape)
-            for t in item.tensors
-        }
-        for item in batch.items
-    ]
-    message = pb.WorkerMessage()
-    result = message.result
-    result.batch_id = batch.batch_id
+def run_batch(runner: StageRunner, batch: pb.Batch, payload: memoryview) -> bytes:
+    """Run one batch through the model and encode the reply; model errors become the
+    batch's error text. Inputs are views of the received message, outputs are copied
+    once, into the reply (`wire`)."""
+    items = wire.batch_arrays(batch, payload)
     start = time.perf_counter()
     try:
         outputs = runner.run(items)
     except Exception as exc:  # the model's failure is reported, never kills the worker
         log.exception("batch %d failed", batch.batch_id)
-        result.error = f"{type(exc).__name__}: {exc}"
-        result.service_s = time.perf_counter() - start
-        return message
-    result.service_s = time.perf_counter() - start
-    for out in outputs:
-        tensors = result.items.add().tensors
-        for name, arr in out.items():
-            tensors.add(
-                name=name,
-                datatype=datatype_of(arr),
-                shape=arr.shape,
-                data=np.ascontiguousarray(arr).tobytes(),
-            )
-    return message
+        return wire.result_message(
+            batch.batch_id, [], time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
+        )
+    return wire.result_message(batch.batch_id, outputs, time.perf_counter() - start)
 
 
 class Worker:
@@ -113,9 +93,9 @@ class Worker:
         self.health.stopping = True
         self.stopping.set()
 
-    def hello(self) -> pb.WorkerMessage:
+    def hello(self) -> bytes:
         s = self.settings
-        return pb.WorkerMessage(
+        message = pb.WorkerMessage(
             hello=pb.Hello(
                 pipeline=self.pipeline,
                 stage=s.stage,
@@ -124,6 +104,7 @@ class Worker:
                 hardware=s.hardware,
             )
         )
+        return wire.encode(message, ())
 
     async def serve(self) -> None:
         """Connect, serve until stopped, reconnect after router failures."""
@@ -154,13 +135,18 @@ class Worker:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ]
         async with grpc.aio.insecure_channel(self.settings.router, options=options) as channel:
-            call = pb_grpc.WorkerServiceStub(channel).Connect()
+            connect = channel.stream_stream(
+                wire.CONNECT,
+                request_serializer=wire.identity,
+                response_deserializer=wire.decode_router_message,
+            )
+            call = connect()
             await call.write(self.hello())
-            welcome = await call.read()
-            if welcome is grpc.aio.EOF or not welcome.HasField("welcome"):
+            first = await call.read()
+            if first is grpc.aio.EOF or not first[0].HasField("welcome"):
                 raise ConnectionError("router closed the stream before welcoming this worker")
-            if welcome.welcome.error:
-                raise SystemExit(f"router refused this worker: {welcome.welcome.error}")
+            if first[0].welcome.error:
+                raise SystemExit(f"router refused this worker: {first[0].welcome.error}")
             log.info("stage %s connected to %s", self.settings.stage, self.settings.router)
             self.health.connected = True
             try:
@@ -168,9 +154,7 @@ class Worker:
             finally:
                 self.health.connected = False
 
-    async def _loop(
-        self, call: grpc.aio.StreamStreamCall[pb.WorkerMessage, pb.RouterMessage]
-    ) -> None:
+    async def _loop(self, call: grpc.aio.StreamStreamCall[bytes, wire.Received]) -> None:
         """Serve batches until the router closes the stream. Stopping writes Leaving
         (under the write lock, never inside a result write) and keeps serving whatever the
         router already sent, so no batch is stranded on the wire."""
@@ -179,14 +163,14 @@ class Worker:
         async def announce_leaving() -> None:
             await self.stopping.wait()
             async with lock:
-                await call.write(pb.WorkerMessage(leaving=pb.Leaving()))
+                await call.write(wire.encode(pb.WorkerMessage(leaving=pb.Leaving()), ()))
 
         leaving = asyncio.create_task(announce_leaving())
         try:
-            while (message := await call.read()) is not grpc.aio.EOF:
-                assert isinstance(message, pb.RouterMessage)
+            while (received := await call.read()) is not grpc.aio.EOF:
+                message, payload = received
                 if message.HasField("batch"):
-                    result = run_batch(self.runner, message.batch)
+                    result = run_batch(self.runner, message.batch, payload)
                     async with lock:
                         await call.write(result)
         finally:
@@ -231,7 +215,8 @@ def main(settings: WorkerSettings) -> int:
         runner.warmup()
         health.loaded = True
         worker = Worker(settings, runner, loaded.name, health)
-        asyncio.run(_serve(worker))
+        process.freeze_startup_heap()
+        process.run(_serve(worker))
     finally:
         if server is not None:
             server.stop()

@@ -90,12 +90,12 @@ class RestBody:
     one after another (no joined copy of the tensors); `body` joins them.
     """
 
-    parts: tuple[bytes, ...]
+    parts: tuple[bytes | memoryview, ...]  # tensors may be views of a worker's message
     header_length: int | None = None
 
     @property
     def body(self) -> bytes:
-        return self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+        return b"".join(self.parts)
 
     @property
     def size(self) -> int:
@@ -430,7 +430,7 @@ def _json_data(tensor: Tensor) -> np.ndarray:
     return array if widened is None else array.astype(widened)
 
 
-def _rest_body(doc: dict[str, Any], blobs: list[bytes]) -> RestBody:
+def _rest_body(doc: dict[str, Any], blobs: list[bytes | memoryview]) -> RestBody:
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return RestBody((header,))
@@ -442,7 +442,7 @@ def encode_rest_response(
 ) -> RestBody:
     """The JSON (+ binary) body answering `request`; outputs in the order it asked for."""
     outputs: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
+    blobs: list[bytes | memoryview] = []
     for name, tensor in _select(request, response):
         out: dict[str, Any] = {"name": name, "datatype": tensor.datatype, "shape": tensor.shape}
         if _binary(request, name):
@@ -465,7 +465,7 @@ def encode_rest_response(
 def encode_rest_request(request: InferRequest, *, binary: bool = True) -> RestBody:
     """Client side: the body for `request`, inputs raw after the JSON when `binary`."""
     inputs: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
+    blobs: list[bytes | memoryview] = []
     for name, tensor in request.inputs.items():
         spec: dict[str, Any] = {"name": name, "datatype": tensor.datatype, "shape": tensor.shape}
         if binary:
@@ -524,6 +524,11 @@ def metadata_to_json(metadata: ModelMetadata) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- gRPC
+
+
+def _bytes(data: bytes | memoryview) -> bytes:
+    """protobuf bytes fields take `bytes` only; a view (a worker's output) is copied once."""
+    return data if isinstance(data, bytes) else data.tobytes()
 
 
 def _param_value(param: pb.InferParameter) -> Any:
@@ -620,7 +625,7 @@ def response_to_proto(
         _set_param(message.parameters[key], value)
     for name, tensor in _select(request, response):
         message.outputs.add(name=name, datatype=tensor.datatype, shape=tensor.shape)
-        message.raw_output_contents.append(tensor.data)
+        message.raw_output_contents.append(_bytes(tensor.data))
     return message
 
 
@@ -632,7 +637,7 @@ def request_to_proto(request: InferRequest, *, raw: bool = True) -> pb.ModelInfe
     for name, tensor in request.inputs.items():
         spec = message.inputs.add(name=name, datatype=tensor.datatype, shape=tensor.shape)
         if raw:
-            message.raw_input_contents.append(tensor.data)
+            message.raw_input_contents.append(_bytes(tensor.data))
         else:
             if tensor.datatype not in _CONTENTS:
                 raise InvalidInput(f"input {name!r} is {tensor.datatype}; it can only be sent raw")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import count
@@ -26,10 +27,10 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry
 
-from sloline.serving.dag import DagRun, ReadyStage
+from sloline.serving import wire
+from sloline.serving.dag import DagRun, DagShape, ReadyStage
 from sloline.serving.metrics import RouterMetrics, StateCollector
 from sloline.serving.proto import worker_pb2 as pb
-from sloline.serving.proto import worker_pb2_grpc as pb_grpc
 from sloline.serving.queue import QueueFull, StageQueue, Step, WorkItem
 from sloline.serving.stats import RouterStats
 from sloline.serving.types import (
@@ -77,15 +78,52 @@ class _Request:
             item.cancelled = True
 
 
-@dataclass(slots=True, eq=False)
 class WorkerConn:
-    """One connected worker process and the channel to send it batches."""
+    """One connected worker process and its stream.
 
-    id: str
-    stage: str
-    pid: int
-    hardware: str
-    outbox: asyncio.Queue[pb.RouterMessage | None] = field(default_factory=asyncio.Queue)
+    The router sends a batch by handing its encoded message to `send`; the stream's
+    handler (`WorkerService.Connect`) writes it in `write_until_closed`. That is one
+    future and one task step per batch, and gRPC gets one write at a time.
+    """
+
+    __slots__ = ("_closing", "_pending", "_wake", "hardware", "id", "pid", "stage")
+
+    def __init__(self, id: str, stage: str, pid: int, hardware: str) -> None:
+        self.id = id
+        self.stage = stage
+        self.pid = pid
+        self.hardware = hardware
+        self._pending: deque[bytes] = deque()
+        self._closing = False
+        self._wake: asyncio.Future[None] | None = None
+
+    def send(self, message: bytes) -> None:
+        self._pending.append(message)
+        self._notify()
+
+    def close(self, *, flush: bool = True) -> None:
+        """End the stream once everything sent so far is written (`flush`), or at once:
+        a detached worker's batch is back in the queue and must not reach it too."""
+        if not flush:
+            self._pending.clear()
+        self._closing = True
+        self._notify()
+
+    def _notify(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def write_until_closed(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        pending = self._pending
+        loop = asyncio.get_running_loop()
+        while True:
+            while pending:
+                await context.write(pending.popleft())
+            if self._closing:
+                return
+            self._wake = loop.create_future()
+            await self._wake
 
 
 class Router:
@@ -105,6 +143,7 @@ class Router:
         envelope: Callable[[], Mapping[float, float]] | None = None,
     ) -> None:
         self.graph = graph
+        self._dag = DagShape.of(graph)
         self.name = graph.name
         self.settings = settings or RouterSettings()
         self.clock = clock
@@ -187,7 +226,7 @@ class Router:
             )
         timeout_s = self._timeout(request.parameters)
         loop = asyncio.get_running_loop()
-        state = _Request(DagRun(self.graph, inputs), loop.create_future(), now, now + timeout_s)
+        state = _Request(DagRun(self._dag, inputs), loop.create_future(), now, now + timeout_s)
         self._inflight += 1
         timer = loop.call_later(timeout_s, self._expire_request, state)
         try:
@@ -295,22 +334,19 @@ class Router:
         )
 
     def _perform(self, queue: StageQueue, step: Step) -> None:
-        for dispatch in step.dispatches:
-            conn = self.workers.get(str(dispatch.worker))
-            if conn is None:  # pragma: no cover - the queue only knows connected workers
-                raise RuntimeError(f"dispatch to unknown worker {dispatch.worker}")
-            self.metrics.batch(queue.stage, len(dispatch.items))
-            self.stats.stage_batch[queue.stage].add(self.clock(), len(dispatch.items))
-            # Built in place: constructing sub-messages and appending them copies every
-            # tensor's bytes once more per level (protobuf copies on append/assign).
-            message = pb.RouterMessage()
-            batch = message.batch
-            batch.batch_id = dispatch.batch_id
-            for item in dispatch.items:
-                tensors = batch.items.add().tensors
-                for n, t in item.inputs.items():
-                    tensors.add(name=n, datatype=t.datatype, shape=t.shape, data=t.data)
-            conn.outbox.put_nowait(message)
+        if step.dispatches:
+            now = self.clock()
+            batches = self.stats.stage_batch[queue.stage]
+            for dispatch in step.dispatches:
+                conn = self.workers.get(str(dispatch.worker))
+                if conn is None:  # pragma: no cover - the queue only knows connected workers
+                    raise RuntimeError(f"dispatch to unknown worker {dispatch.worker}")
+                size = len(dispatch.items)
+                self.metrics.batch(queue.stage, size)
+                batches.add(now, size)
+                conn.send(
+                    wire.batch_message(dispatch.batch_id, [item.inputs for item in dispatch.items])
+                )
         for item in step.expired:
             item.request.fail(
                 DeadlineExceeded(f"deadline passed while queued at stage {queue.stage!r}")
@@ -358,41 +394,43 @@ class Router:
             self.metrics.requeued.labels(self.name, conn.stage).inc(requeued)
             log.warning("worker %s left holding %d item(s); re-queued", conn.id, requeued)
         self._perform(queue, step)
-        conn.outbox.put_nowait(None)
+        conn.close(flush=False)
 
     def leaving(self, conn: WorkerConn) -> None:
         if self.queues[conn.stage].drain_worker(conn.id):
-            conn.outbox.put_nowait(None)
+            conn.close()
 
-    def on_result(self, conn: WorkerConn, result: pb.Result) -> None:
-        queue = self.queues[conn.stage]
+    def on_result(self, conn: WorkerConn, result: pb.Result, payload: memoryview) -> None:
+        """A worker returned a batch: answer or advance its requests, dispatch more."""
+        stage = conn.stage
+        queue = self.queues[stage]
         now = self.clock()
         step = queue.worker_done(conn.id, result.batch_id, now)
-        self.metrics.service_time(conn.stage, result.service_s)
-        self.stats.stage_service[conn.stage].add(now, result.service_s)
+        self.metrics.service_time(stage, result.service_s)
+        self.stats.stage_service[stage].add(now, result.service_s)
         items = step.completed
-        visits = self.stats.stage_latency[conn.stage]
+        visits = self.stats.stage_latency[stage]
         for item in items:
             visits.add(now, now - item.enqueued_at)
         if result.error or len(result.items) != len(items):
             reason = result.error or (
                 f"worker returned {len(result.items)} results for {len(items)} items"
             )
-            self.metrics.stage_errors.labels(self.name, conn.stage, "model_error").inc(len(items))
+            self.metrics.stage_errors.labels(self.name, stage, "model_error").inc(len(items))
             for item in items:
-                item.request.fail(StageFailed(f"stage {conn.stage!r} failed: {reason}"))
+                item.request.fail(StageFailed(f"stage {stage!r} failed: {reason}"))
         else:
-            for item, out in zip(items, result.items, strict=True):
+            outputs = wire.result_tensors(result, payload)
+            for item, out, values in zip(items, result.items, outputs, strict=True):
                 state: _Request = item.request
                 if item.cancelled or state.future.done():
                     continue
                 if out.error:
-                    self.metrics.stage_errors.labels(self.name, conn.stage, "model_error").inc()
-                    state.fail(StageFailed(f"stage {conn.stage!r} failed: {out.error}"))
+                    self.metrics.stage_errors.labels(self.name, stage, "model_error").inc()
+                    state.fail(StageFailed(f"stage {stage!r} failed: {out.error}"))
                     continue
-                values = {t.name: Tensor(t.datatype, tuple(t.shape), t.data) for t in out.tensors}
                 try:
-                    ready = state.run.complete(conn.stage, values)
+                    ready = state.run.complete(stage, values)
                     if state.run.finished:
                         state.future.set_result(state.run.output())
                     else:
@@ -401,7 +439,7 @@ class Router:
                     state.fail(exc)
         self._perform(queue, step)
         if queue.draining(conn.id):
-            conn.outbox.put_nowait(None)
+            conn.close()
 
     async def expire_queued(self) -> None:
         """Periodically drop queued work whose deadline passed (runs for the router's life)."""
@@ -413,40 +451,46 @@ class Router:
                     self._perform(queue, queue.cancel_expired(now))
 
 
-class WorkerService(pb_grpc.WorkerServiceServicer):
-    """gRPC endpoint workers dial: Hello, then results up and batches down."""
+class WorkerService:
+    """gRPC endpoint workers dial: Hello, then results up and batches down.
+
+    Registered with `wire`'s (de)serialisers (`add_worker_service`): messages arrive as
+    (message, payload) pairs and leave as encoded bytes.
+    """
 
     def __init__(self, router: Router) -> None:
         self.router = router
 
     async def Connect(  # noqa: N802 - gRPC method name
         self,
-        request_iterator: AsyncIterator[pb.WorkerMessage],
-        _context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[pb.RouterMessage]:
-        first = await anext(aiter(request_iterator), None)
-        if first is None or not first.HasField("hello"):
-            yield pb.RouterMessage(welcome=pb.Welcome(error="first message must be Hello"))
+        _requests: AsyncIterator[wire.Sent],
+        context: grpc.aio.ServicerContext[wire.Sent, bytes],
+    ) -> None:
+        first = await context.read()
+        if first is grpc.aio.EOF or not first[0].HasField("hello"):
+            await context.write(wire.welcome_message("first message must be Hello"))
             return
         try:
-            conn = self.router.attach(first.hello)
+            conn = self.router.attach(first[0].hello)
         except ValueError as exc:
-            yield pb.RouterMessage(welcome=pb.Welcome(error=str(exc)))
+            await context.write(wire.welcome_message(str(exc)))
             return
-        yield pb.RouterMessage(welcome=pb.Welcome())
-        reader = asyncio.create_task(self._read(conn, request_iterator))
+        await context.write(wire.welcome_message())
+        reader = asyncio.create_task(self._read(conn, context))
         try:
-            while (message := await conn.outbox.get()) is not None:
-                yield message
+            await conn.write_until_closed(context)
         finally:
             reader.cancel()
             self.router.detach(conn)
 
-    async def _read(self, conn: WorkerConn, messages: AsyncIterator[pb.WorkerMessage]) -> None:
+    async def _read(
+        self, conn: WorkerConn, context: grpc.aio.ServicerContext[wire.Sent, bytes]
+    ) -> None:
         try:
-            async for message in messages:
+            while (received := await context.read()) is not grpc.aio.EOF:
+                message, payload = received
                 if message.HasField("result"):
-                    self.router.on_result(conn, message.result)
+                    self.router.on_result(conn, message.result, payload)
                 elif message.HasField("leaving"):
                     self.router.leaving(conn)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
@@ -455,3 +499,15 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
             log.exception("worker %s sent a message the router could not handle", conn.id)
         finally:
             self.router.detach(conn)
+
+
+def add_worker_service(server: grpc.aio.Server, router: Router) -> None:
+    """Register `WorkerService.Connect` for `router` on a `grpc.aio.Server` (before start)."""
+    handler = grpc.stream_stream_rpc_method_handler(
+        WorkerService(router).Connect,
+        request_deserializer=wire.decode_worker_message,
+        response_serializer=wire.identity,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(wire.SERVICE, {"Connect": handler}),)
+    )

@@ -20,8 +20,7 @@ from starlette.types import ASGIApp
 
 from sloline.serving.grpc_frontdoor import add_inference_service
 from sloline.serving.http import bind_socket, create_http_app, create_metrics_app
-from sloline.serving.proto import worker_pb2_grpc
-from sloline.serving.router import Router, WorkerService
+from sloline.serving.router import Router, add_worker_service
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
@@ -77,7 +76,7 @@ class RouterServer:
             ("grpc.so_reuseport", 0),
         ]
         self._grpc = grpc.aio.server(options=options)
-        worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerService(self.router), self._grpc)
+        add_worker_service(self._grpc, self.router)
         add_inference_service(self._grpc, self.router)
         self.grpc_port = self._grpc.add_insecure_port(f"{s.host}:{s.grpc_port}")
         if self.grpc_port == 0:

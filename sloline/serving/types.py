@@ -4,6 +4,7 @@ REST and gRPC adapters translate their wire formats into these types and call on
 `DataPlane` (KServe's layering). A `Tensor` keeps the raw bytes it arrived with, so a
 request forwarded from the front door to a worker and back is never converted to Python
 lists; numpy views are made only where a value is read (conditions, JSON responses).
+Tensors a worker returned are views of the received message (`wire.py`), not copies.
 """
 
 from __future__ import annotations
@@ -39,11 +40,14 @@ def datatype_of(array: np.ndarray) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Tensor:
-    """A tensor as raw little-endian bytes in C order, plus its datatype and shape."""
+    """A tensor as raw little-endian bytes in C order, plus its datatype and shape.
+
+    `data` is `bytes`, or a read-only byte view of a larger received message.
+    """
 
     datatype: str
     shape: tuple[int, ...]
-    data: bytes
+    data: bytes | memoryview
 
     @staticmethod
     def from_array(array: np.ndarray) -> Tensor:

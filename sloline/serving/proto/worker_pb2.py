@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _sloline_proto.add_serialized_file(b'\n\x0cworker.proto\x12\x0esloline.worker\"E\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"/\n\x04Item\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.sloline.worker.Tensor\"D\n\nItemResult\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.sloline.worker.Tensor\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"Z\n\x05Hello\x12\x10\n\x08pipeline\x18\x01 \x01(\t\x12\r\n\x05stage\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x10\n\x08hardware\x18\x05 \x01(\t\"g\n\x06Result\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12)\n\x05items\x18\x02 \x03(\x0b\x32\x1a.sloline.worker.ItemResult\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x11\n\tservice_s\x18\x04 \x01(\x01\"\t\n\x07Leaving\"\x95\x01\n\rWorkerMessage\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.sloline.worker.HelloH\x00\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x16.sloline.worker.ResultH\x00\x12*\n\x07leaving\x18\x03 \x01(\x0b\x32\x17.sloline.worker.LeavingH\x00\x42\x06\n\x04\x62ody\">\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12#\n\x05items\x18\x02 \x03(\x0b\x32\x14.sloline.worker.Item\"\x18\n\x07Welcome\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"k\n\rRouterMessage\x12&\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x15.sloline.worker.BatchH\x00\x12*\n\x07welcome\x18\x02 \x01(\x0b\x32\x17.sloline.worker.WelcomeH\x00\x42\x06\n\x04\x62ody2\\\n\rWorkerService\x12K\n\x07\x43onnect\x12\x1d.sloline.worker.WorkerMessage\x1a\x1d.sloline.worker.RouterMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _sloline_proto.add_serialized_file(b'\n\x0cworker.proto\x12\x0esloline.worker\"K\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04size\x18\x05 \x01(\x04J\x04\x08\x04\x10\x05\"/\n\x04Item\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.sloline.worker.Tensor\"D\n\nItemResult\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.sloline.worker.Tensor\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"Z\n\x05Hello\x12\x10\n\x08pipeline\x18\x01 \x01(\t\x12\r\n\x05stage\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x10\n\x08hardware\x18\x05 \x01(\t\"g\n\x06Result\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12)\n\x05items\x18\x02 \x03(\x0b\x32\x1a.sloline.worker.ItemResult\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x11\n\tservice_s\x18\x04 \x01(\x01\"\t\n\x07Leaving\"\xa6\x01\n\rWorkerMessage\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.sloline.worker.HelloH\x00\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x16.sloline.worker.ResultH\x00\x12*\n\x07leaving\x18\x03 \x01(\x0b\x32\x17.sloline.worker.LeavingH\x00\x12\x0f\n\x07payload\x18\x0f \x01(\x0c\x42\x06\n\x04\x62ody\">\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12#\n\x05items\x18\x02 \x03(\x0b\x32\x14.sloline.worker.Item\"\x18\n\x07Welcome\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"|\n\rRouterMessage\x12&\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x15.sloline.worker.BatchH\x00\x12*\n\x07welcome\x18\x02 \x01(\x0b\x32\x17.sloline.worker.WelcomeH\x00\x12\x0f\n\x07payload\x18\x0f \x01(\x0c\x42\x06\n\x04\x62ody2\\\n\rWorkerService\x12K\n\x07\x43onnect\x12\x1d.sloline.worker.WorkerMessage\x1a\x1d.sloline.worker.RouterMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,25 +33,25 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TENSOR']._serialized_start=32
-  _globals['_TENSOR']._serialized_end=101
-  _globals['_ITEM']._serialized_start=103
-  _globals['_ITEM']._serialized_end=150
-  _globals['_ITEMRESULT']._serialized_start=152
-  _globals['_ITEMRESULT']._serialized_end=220
-  _globals['_HELLO']._serialized_start=222
-  _globals['_HELLO']._serialized_end=312
-  _globals['_RESULT']._serialized_start=314
-  _globals['_RESULT']._serialized_end=417
-  _globals['_LEAVING']._serialized_start=419
-  _globals['_LEAVING']._serialized_end=428
-  _globals['_WORKERMESSAGE']._serialized_start=431
-  _globals['_WORKERMESSAGE']._serialized_end=580
-  _globals['_BATCH']._serialized_start=582
-  _globals['_BATCH']._serialized_end=644
-  _globals['_WELCOME']._serialized_start=646
-  _globals['_WELCOME']._serialized_end=670
-  _globals['_ROUTERMESSAGE']._serialized_start=672
-  _globals['_ROUTERMESSAGE']._serialized_end=779
-  _globals['_WORKERSERVICE']._serialized_start=781
-  _globals['_WORKERSERVICE']._serialized_end=873
+  _globals['_TENSOR']._serialized_end=107
+  _globals['_ITEM']._serialized_start=109
+  _globals['_ITEM']._serialized_end=156
+  _globals['_ITEMRESULT']._serialized_start=158
+  _globals['_ITEMRESULT']._serialized_end=226
+  _globals['_HELLO']._serialized_start=228
+  _globals['_HELLO']._serialized_end=318
+  _globals['_RESULT']._serialized_start=320
+  _globals['_RESULT']._serialized_end=423
+  _globals['_LEAVING']._serialized_start=425
+  _globals['_LEAVING']._serialized_end=434
+  _globals['_WORKERMESSAGE']._serialized_start=437
+  _globals['_WORKERMESSAGE']._serialized_end=603
+  _globals['_BATCH']._serialized_start=605
+  _globals['_BATCH']._serialized_end=667
+  _globals['_WELCOME']._serialized_start=669
+  _globals['_WELCOME']._serialized_end=693
+  _globals['_ROUTERMESSAGE']._serialized_start=695
+  _globals['_ROUTERMESSAGE']._serialized_end=819
+  _globals['_WORKERSERVICE']._serialized_start=821
+  _globals['_WORKERSERVICE']._serialized_end=913
 # @@protoc_insertion_point(module_scope)

@@ -9,16 +9,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Tensor(_message.Message):
-    __slots__ = ("name", "datatype", "shape", "data")
+    __slots__ = ("name", "datatype", "shape", "size")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DATATYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
     name: str
     datatype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
-    data: bytes
-    def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    size: int
+    def __init__(self, name: _Optional[str] = ..., datatype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., size: _Optional[int] = ...) -> None: ...
 
 class Item(_message.Message):
     __slots__ = ("tensors",)
@@ -65,14 +65,16 @@ class Leaving(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("hello", "result", "leaving")
+    __slots__ = ("hello", "result", "leaving", "payload")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     result: Result
     leaving: Leaving
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., leaving: _Optional[_Union[Leaving, _Mapping]] = ...) -> None: ...
+    payload: bytes
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., leaving: _Optional[_Union[Leaving, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("batch_id", "items")
@@ -89,9 +91,11 @@ class Welcome(_message.Message):
     def __init__(self, error: _Optional[str] = ...) -> None: ...
 
 class RouterMessage(_message.Message):
-    __slots__ = ("batch", "welcome")
+    __slots__ = ("batch", "welcome", "payload")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     batch: Batch
     welcome: Welcome
-    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ...) -> None: ...
+    payload: bytes
+    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
