@@ -18,6 +18,11 @@ Run as a process: `python benchmarks/ray_app.py PIPELINE --port P --max-batch S=
 (`RAY_SERVE_THROUGHPUT_OPTIMIZED=1` and `RAY_SERVE_ENABLE_HA_PROXY=1` for the
 high-throughput mode; both are read by Ray at import time). It prints one JSON line
 `{"ready": ...}` when the application answers, then serves until stdin closes.
+
+Set up like sloline, so neither side is handicapped: no per-request access log in any
+deployment or the proxy (sloline writes none; `serve.run(logging_config=...)`), and the
+orchestrator starts Ray with `RAY_worker_niceness=0` (`systems.py`), so its replicas run
+at the same priority as sloline's router and workers.
 """
 
 from __future__ import annotations
@@ -144,9 +149,10 @@ def main() -> int:
         log_to_driver=False,
         logging_level="WARNING",
     )
-    serve.start(http_options={"host": "127.0.0.1", "port": args.port})
+    quiet = {"enable_access_log": False}  # sloline logs no line per request either
+    serve.start(http_options={"host": "127.0.0.1", "port": args.port}, logging_config=quiet)
     app = build_app(args.pipeline, _assignments(args.max_batch), _assignments(args.threads))
-    serve.run(app, name="pipeline", route_prefix="/", blocking=False)
+    serve.run(app, name="pipeline", route_prefix="/", blocking=False, logging_config=quiet)
     print(json.dumps({"ready": True, "startup_s": time.perf_counter() - start}), flush=True)
     try:
         sys.stdin.read()  # the orchestrator closes stdin to stop us
