@@ -67,6 +67,8 @@ class StageRunner:
                     f"{len(prepared)} requests; return exactly one per request, in order"
                 )
             return [self._conform_one(result) for result in results]
+        if len(prepared) == 1:  # the common case at low load: nothing to group
+            return self._run_stacked(prepared)
         groups: dict[tuple[Any, ...], list[int]] = {}
         for index, item in enumerate(prepared):
             signature = tuple(sorted((k, v.shape, v.dtype.str) for k, v in item.items()))
@@ -108,6 +110,18 @@ class StageRunner:
         self.run([zeros] * batch_size)
 
     def _prepare(self, index: int, item: Item) -> dict[str, np.ndarray]:
+        if item.keys() != self._declared:  # else every input is there and declared
+            self._check_names(index, item)
+        prepared = {}
+        for name, value in item.items():
+            array = np.asarray(value)
+            spec = self.input_specs.get(name) if self.input_specs is not None else None
+            if spec is not None:
+                array = self._check_input(index, name, array, spec)
+            prepared[name] = array
+        return prepared
+
+    def _check_names(self, index: int, item: Item) -> None:
         if missing := [n for n in self._required if n not in item]:
             raise ModelError(
                 f"stage {self.name!r}: request {index} lacks required input(s) {missing}"
@@ -117,14 +131,6 @@ class StageRunner:
                 f"stage {self.name!r}: request {index} has input(s) {unknown} that the stage "
                 f"does not declare (declared: {sorted(self._declared)})"
             )
-        prepared = {}
-        for name, value in item.items():
-            array = np.asarray(value)
-            spec = self.input_specs.get(name) if self.input_specs is not None else None
-            if spec is not None:
-                array = self._check_input(index, name, array, spec)
-            prepared[name] = array
-        return prepared
 
     def _check_input(
         self, index: int, name: str, array: np.ndarray, spec: TensorSpec
