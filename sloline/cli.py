@@ -635,6 +635,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from sloline.serving import process
+
+    process.use_grpc_iomgr()  # before anything imports grpc; workers and profiling too
     if args.command in ("run", "router", "worker"):
         from sloline.serving.memory import tune_malloc
 
