@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -58,6 +59,7 @@ from systems import (
 from sloline.embedded import EmbeddedSettings, stage_configs
 from sloline.runtimes import import_entrypoint
 from sloline.serving import codec
+from sloline.serving.process import GRPC_EXPERIMENTS
 from sloline.serving.types import InferRequest, Tensor
 from sloline.spec import DEFAULT_CATALOG, load_pipeline
 
@@ -305,25 +307,32 @@ class Bench:
         return records
 
     def echo_block(self, rep: int, payloads: dict[str, Workload]) -> list[dict[str, Any]]:
-        """Raw loopback round trips: gRPC unary, gRPC stream ping-pong, HTTP (same client)."""
-        echo = ChildProcess([sys.executable, str(HERE / "echo_floor.py")],
-                            stderr_path=self.run_dir / "echo.log")  # fmt: skip
+        """Raw loopback round trips: gRPC unary, gRPC stream ping-pong, HTTP (same client).
+        The gRPC floors twice: with grpcio's defaults (its EventEngine), and with the I/O
+        manager sloline's processes ask for (`sloline.serving.process.use_grpc_iomgr`)."""
         records = []
-        try:
-            ports = echo.read(90.0)["ports"]
-            for label, w in payloads.items():
-                size = w.raw_body_file.stat().st_size
-                for method in ("unary", "stream"):
-                    r = echo.request({"kind": "grpc", "method": method, "size": size,
-                                      "count": self.plan.hop_count}, 120.0)  # fmt: skip
-                    records.append({"rep": rep, "floor": f"grpc-{method}", "payload": label, **r})
-                r = self.loadgen.request({
-                    "kind": "sequential", "count": self.plan.hop_count, "warmup": 20,
-                    "url": f"http://127.0.0.1:{ports['raw_http']}/echo",
-                    "body_file": str(w.raw_body_file), "headers": {}}, 120.0)  # fmt: skip
-                records.append({"rep": rep, "floor": "http", "payload": label, **r})
-        finally:
-            echo.close(grace_s=10.0)
+        for suffix, env in (("", {}), ("-iomgr", {"GRPC_EXPERIMENTS": GRPC_EXPERIMENTS})):
+            echo = ChildProcess([sys.executable, str(HERE / "echo_floor.py")],
+                                env={**os.environ, "GRPC_EXPERIMENTS": "", **env},
+                                stderr_path=self.run_dir / "echo.log")  # fmt: skip
+            try:
+                ports = echo.read(90.0)["ports"]
+                for label, w in payloads.items():
+                    size = w.raw_body_file.stat().st_size
+                    for method in ("unary", "stream"):
+                        r = echo.request({"kind": "grpc", "method": method, "size": size,
+                                          "count": self.plan.hop_count}, 120.0)  # fmt: skip
+                        records.append({"rep": rep, "floor": f"grpc-{method}{suffix}",
+                                        "payload": label, **r})  # fmt: skip
+                    if suffix:
+                        continue
+                    r = self.loadgen.request({
+                        "kind": "sequential", "count": self.plan.hop_count, "warmup": 20,
+                        "url": f"http://127.0.0.1:{ports['raw_http']}/echo",
+                        "body_file": str(w.raw_body_file), "headers": {}}, 120.0)  # fmt: skip
+                    records.append({"rep": rep, "floor": "http", "payload": label, **r})
+            finally:
+                echo.close(grace_s=10.0)
         return records
 
     def close(self) -> None:
@@ -400,7 +409,7 @@ def main() -> int:
                 echoes += bench.echo_block(rep, payloads)
     finally:
         bench.close()
-    machine["loadavg_end"] = list(__import__("os").getloadavg())
+    machine["loadavg_end"] = list(os.getloadavg())
     settings = {"plan": plan.__dict__, "systems": systems, "noop_max_batch": args.noop_max_batch,
                 "image_max_batch": args.image_max_batch, "quick": args.quick,
                 "run_dir": str(run_dir), "wall_s": time.perf_counter() - started}  # fmt: skip
