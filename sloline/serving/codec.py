@@ -7,8 +7,9 @@ functions here, so the REST JSON (with Triton's binary tensor extension) and the
 Decoding is strict: every problem a client can cause raises `InvalidInput` with a
 message naming the input and what is wrong. It is also the hot path, so JSON is parsed
 with orjson, typed data goes straight into numpy, and binary tensors are sliced out of
-the received body chunks through memoryviews and copied exactly once into their `Tensor`;
-responses keep the JSON header and the tensors as separate parts for the server to write.
+the received body chunks through memoryviews: a tensor inside one chunk stays a view of
+it, one that spans chunks is joined once; responses keep the JSON header and the tensors
+as separate parts for the server to write.
 
 Binary extension (same semantics as Triton and tritonclient): a request body may be a
 JSON header of `Inference-Header-Content-Length` bytes followed by the raw bytes of every
@@ -124,7 +125,9 @@ def _shape(value: object, where: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _from_raw(where: str, datatype: str, shape: tuple[int, ...], data: bytes) -> Tensor:
+def _from_raw(
+    where: str, datatype: str, shape: tuple[int, ...], data: bytes | memoryview
+) -> Tensor:
     expected = math.prod(shape) * DTYPES[datatype].itemsize
     if len(data) != expected:
         raise InvalidInput(
@@ -274,7 +277,7 @@ class _BodyReader:
     """A body as received (one buffer or the transport's chunks), read front to back.
 
     Reads inside one chunk are memoryview slices (no copy); a read across chunks joins
-    just those slices. Callers that keep the data copy it once with `bytes()`.
+    just those slices.
     """
 
     __slots__ = ("_chunks", "_index", "_position", "consumed", "size")
@@ -356,7 +359,7 @@ class _BinarySection:
         self._reader = reader
         self._start = -1 if json_size is None else json_size
 
-    def take(self, where: str, size: object) -> bytes:
+    def take(self, where: str, size: object) -> bytes | memoryview:
         if self._start < 0:
             raise InvalidInput(
                 f"{where} sets parameters.{BINARY_DATA_SIZE} but the request has no "
@@ -371,8 +374,9 @@ class _BinarySection:
                 f"section is only {self._reader.size - self._start} bytes"
             )
         data = self._reader.read(size)
-        # The one copy: out of the received body into the tensor.
-        return data if isinstance(data, bytes) else bytes(data)
+        if isinstance(data, memoryview) and not isinstance(data.obj, bytes):
+            return bytes(data)  # a view of a mutable buffer: the tensor gets its own copy
+        return data  # inside one received chunk (immutable): a view, no copy
 
     def check_consumed(self) -> None:
         if self._start >= 0 and self._reader.consumed != self._reader.size:
