@@ -70,6 +70,7 @@ IMAGE = ROOT / "examples/image-ensemble/pipeline.yaml"
 PAYLOAD_FLOATS = {"64B": 16, "602KB": 150528}
 ALL_SYSTEMS = ("floor", "sloline", "ray-default", "ray-ht")
 SLOLINE_TIMEOUT_MS = 30_000  # = the load generator's own request timeout
+Records = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -86,15 +87,16 @@ class Plan:
     open_seconds: float  # open-loop count = rate x this, clamped to [open_min, open_max]
     open_min: int
     open_max: int
-    hop_count: int
+    hop_count: int  # sequential requests per chain and floor, split into hop_blocks blocks
+    hop_blocks: int
 
 
 FULL = Plan(reps=3, seq_count=400, seq_warmup=40, sweep=(1, 2, 4, 8, 16, 32, 64, 128),
             sweep_window_s=2.0, warmup_s=0.5, confirm_window_s=5.0, open_seconds=10.0,
-            open_min=300, open_max=3000, hop_count=400)  # fmt: skip
+            open_min=300, open_max=3000, hop_count=400, hop_blocks=8)  # fmt: skip
 QUICK = Plan(reps=1, seq_count=40, seq_warmup=5, sweep=(1, 16), sweep_window_s=0.5,
              warmup_s=0.2, confirm_window_s=0.8, open_seconds=1.0, open_min=40, open_max=200,
-             hop_count=40)  # fmt: skip
+             hop_count=40, hop_blocks=2)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -286,54 +288,95 @@ class Bench:
                         system.stop()
         return records
 
-    def hop_block(self, rep: int, systems: list[str], payloads: dict[str, Workload]) -> list:
-        """Sequential latency of 1..3-stage no-op chains (sloline and the floor)."""
-        records = []
-        for name in systems:
-            for stages in (1, 2, 3):
-                system, info = self.started(name, noop_chain(stages, self.run_dir))
-                try:
-                    for label, w in payloads.items():
-                        record = {"rep": rep, "system": name, "stages": stages,
-                                  "payload": label, **info}  # fmt: skip
-                        if system is not None:
-                            r = self.phase(system, w, {"kind": "sequential", "warmup": 20,
-                                                       "count": self.plan.hop_count})  # fmt: skip
-                            record.update(p50_ms=r["p50_ms"], p99_ms=r["p99_ms"])
-                        records.append(record)
-                finally:
-                    if system is not None:
-                        system.stop()
-        return records
+    def hop_block(self, rep: int, systems: list[str],
+                  payloads: dict[str, Workload]) -> tuple[Records, Records]:  # fmt: skip
+        """Per hop: sequential latency of 1..3-stage no-op chains, and the transport floors
+        (raw gRPC unary echo and stream ping-pong, with grpcio's defaults and with the I/O
+        manager sloline's processes ask for; raw HTTP echo).
 
-    def echo_block(self, rep: int, payloads: dict[str, Workload]) -> list[dict[str, Any]]:
-        """Raw loopback round trips: gRPC unary, gRPC stream ping-pong, HTTP (same client).
-        The gRPC floors twice: with grpcio's defaults (its EventEngine), and with the I/O
-        manager sloline's processes ask for (`sloline.serving.process.use_grpc_iomgr`)."""
-        records = []
-        for suffix, env in (("", {}), ("-iomgr", {"GRPC_EXPERIMENTS": GRPC_EXPERIMENTS})):
-            echo = ChildProcess([sys.executable, str(HERE / "echo_floor.py")],
-                                env={**os.environ, "GRPC_EXPERIMENTS": "", **env},
-                                stderr_path=self.run_dir / "echo.log")  # fmt: skip
-            try:
-                ports = echo.read(90.0)["ports"]
-                for label, w in payloads.items():
-                    size = w.raw_body_file.stat().st_size
-                    for method in ("unary", "stream"):
-                        r = echo.request({"kind": "grpc", "method": method, "size": size,
-                                          "count": self.plan.hop_count}, 120.0)  # fmt: skip
-                        records.append({"rep": rep, "floor": f"grpc-{method}{suffix}",
-                                        "payload": label, **r})  # fmt: skip
-                    if suffix:
-                        continue
-                    r = self.loadgen.request({
-                        "kind": "sequential", "count": self.plan.hop_count, "warmup": 20,
-                        "url": f"http://127.0.0.1:{ports['raw_http']}/echo",
-                        "body_file": str(w.raw_body_file), "headers": {}}, 120.0)  # fmt: skip
-                    records.append({"rep": rep, "floor": "http", "payload": label, **r})
-            finally:
-                echo.close(grace_s=10.0)
-        return records
+        Everything a ratio compares runs at the same time: the three chains of a system
+        and the echo servers are all up, and `hop_blocks` rounds each send a block of
+        sequential requests to every one of them in turn (order alternating). A block's
+        p50 is one sample; the result is the median over blocks. Drifts of a shared
+        machine then hit the chains and the floors alike, instead of whichever was
+        measured during them. The floor's chains run in its own process and need none
+        of this.
+        """
+        hops: Records = []
+        echoes: Records = []
+        servers: list[tuple[str, int, Any]] = []  # (system, stages, started system)
+        echo_children: list[tuple[str, ChildProcess, dict[str, int]]] = []
+        try:
+            for name in systems:
+                for stages in (1, 2, 3):
+                    system, info = self.started(name, noop_chain(stages, self.run_dir))
+                    if system is None:
+                        hops.append({"rep": rep, "system": name, "stages": stages, **info})
+                    else:
+                        servers.append((name, stages, system))
+            for suffix, env in (("", {}), ("-iomgr", {"GRPC_EXPERIMENTS": GRPC_EXPERIMENTS})):
+                child = ChildProcess([sys.executable, str(HERE / "echo_floor.py")],
+                                     env={**os.environ, "GRPC_EXPERIMENTS": "", **env},
+                                     stderr_path=self.run_dir / "echo.log")  # fmt: skip
+                echo_children.append((suffix, child, child.read(90.0)["ports"]))
+            for label, w in payloads.items():
+                hops += self._hop_rounds(rep, label, w, servers, echo_children, echoes)
+        finally:
+            for _, _, system in servers:
+                system.stop()
+            for _, child, _ in echo_children:
+                child.close(grace_s=10.0)
+        return hops, echoes
+
+    def _hop_rounds(self, rep: int, label: str, w: Workload, servers: list[tuple[str, int, Any]],
+                    echo_children: list[tuple[str, ChildProcess, dict[str, int]]],
+                    echoes: Records) -> Records:  # fmt: skip
+        p = self.plan
+        count = max(1, p.hop_count // p.hop_blocks)
+        size = w.raw_body_file.stat().st_size
+        samples: dict[tuple[str, Any], list[dict[str, Any]]] = {}
+
+        def sequential(url: str, body: Path, headers: dict[str, str]) -> dict[str, Any]:
+            return self.loadgen.request({"kind": "sequential", "count": count, "warmup": 5,
+                                         "url": url, "body_file": str(body),
+                                         "headers": headers}, 120.0)  # fmt: skip
+
+        measures: list[tuple[tuple[str, Any], Any]] = []
+        for name, stages, system in servers:
+            if isinstance(system, FloorSystem):
+                continue
+            measures.append(((name, stages), lambda s=system: sequential(*s.endpoint(w))))
+        for suffix, child, ports in echo_children:
+            for method in ("unary", "stream"):
+                command = {"kind": "grpc", "method": method, "size": size, "count": count,
+                           "warmup": 5}  # fmt: skip
+                measures.append(((f"grpc-{method}{suffix}", None),
+                                 lambda c=child, m=command: c.request(m, 120.0)))  # fmt: skip
+            if not suffix:
+                url = f"http://127.0.0.1:{ports['raw_http']}/echo"
+                measures.append((("http", None), lambda u=url: sequential(u, w.raw_body_file, {})))
+        for block in range(p.hop_blocks):
+            for key, measure in measures if block % 2 == 0 else measures[::-1]:
+                samples.setdefault(key, []).append(measure())
+        for key, results in samples.items():
+            p50 = float(np.median([r["p50_ms"] for r in results]))
+            p99 = float(np.median([r["p99_ms"] for r in results]))
+            name, stages = key
+            if stages is None:
+                echoes.append({"rep": rep, "floor": name, "payload": label, "p50_ms": p50,
+                               "p99_ms": p99, "blocks": len(results)})  # fmt: skip
+        hops = [{"rep": rep, "system": name, "stages": stages, "payload": label,
+                 "p50_ms": float(np.median([r["p50_ms"] for r in samples[(name, stages)]])),
+                 "p99_ms": float(np.median([r["p99_ms"] for r in samples[(name, stages)]])),
+                 "blocks": len(samples[(name, stages)])}
+                for name, stages in {k for k in samples if k[1] is not None}]  # fmt: skip
+        for name, stages, system in servers:
+            if isinstance(system, FloorSystem):
+                r = self.phase(system, w, {"kind": "sequential", "warmup": 20,
+                                           "count": p.hop_count})  # fmt: skip
+                hops.append({"rep": rep, "system": name, "stages": stages, "payload": label,
+                             "p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"]})  # fmt: skip
+        return hops
 
     def close(self) -> None:
         self.loadgen.close(grace_s=5.0)
@@ -405,8 +448,9 @@ def main() -> int:
             cells += bench.main_block(rep, order, workloads)
             hop_systems = [s for s in order if s in ("floor", "sloline")]
             if not args.no_hops and hop_systems:
-                hops += bench.hop_block(rep, hop_systems, payloads)
-                echoes += bench.echo_block(rep, payloads)
+                rep_hops, rep_echoes = bench.hop_block(rep, hop_systems, payloads)
+                hops += rep_hops
+                echoes += rep_echoes
     finally:
         bench.close()
     machine["loadavg_end"] = list(os.getloadavg())
