@@ -368,7 +368,7 @@ def cmd_profile_stage(args: argparse.Namespace) -> int:
 
     if args.cpus:
         os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])
-    points = measure_stage(
+    measured = measure_stage(
         Path(args.pipeline),
         args.stage,
         Path(args.inputs),
@@ -377,7 +377,7 @@ def cmd_profile_stage(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         budget_s=args.budget_s,
     )
-    Path(args.out).write_text(json.dumps([p.to_dict() for p in points]))
+    Path(args.out).write_text(json.dumps(measured.to_dict()))
     return 0
 
 

@@ -90,14 +90,16 @@ def _check_service_time(problem: PlanningProblem, evaluator: Evaluator, config: 
     """Algorithm 1, lines 6-7: even without queueing, is the SLO out of reach?
 
     Per query, the critical path of batch-1 service plus hop on the fastest hardware, over
-    the stages the query visits; with every stage visited this is the paper's longest-path
-    service time."""
+    the stages the query visits, plus the request's own serving time (router CPU and
+    request path, when measured); with every stage visited this is the paper's
+    longest-path service time."""
     topology = problem.topology
     occupancy = [
         problem.single_latency_s(name, c.hardware) + problem.profile.hop_s
         for name, c in zip(topology.stages, config, strict=True)
     ]
     latencies = no_queue_latencies(topology, evaluator.workload, occupancy)
+    latencies = latencies + problem.profile.request_s
     floor = float(np.percentile(latencies, problem.percentile, method="inverted_cdf"))
     if floor > problem.slo_s:
         total, path = topology.longest_path(occupancy)
@@ -111,7 +113,8 @@ def _check_service_time(problem: PlanningProblem, evaluator: Evaluator, config: 
             f"even with no queueing, batch size 1 and the fastest hardware, the "
             f"P{problem.percentile:g} latency is {floor * 1e3:.1f} ms > SLO "
             f"{problem.slo_s * 1e3:.1f} ms (longest path {total * 1e3:.1f} ms: {steps}, "
-            f"each including {problem.profile.hop_s * 1e3:.2f} ms hop overhead); relax the "
+            f"each including {problem.profile.hop_s * 1e3:.2f} ms hop overhead, plus "
+            f"{problem.profile.request_s * 1e3:.2f} ms per request); relax the "
             "SLO, allow faster hardware or speed up these stages",
         )
 

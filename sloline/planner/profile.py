@@ -4,13 +4,18 @@ A :class:`StageProfile` holds, for one stage on one hardware class, the latency 
 at measured batch sizes 1, 2, 4, ..., cap (median, tail, mean and optionally the raw
 samples). The latency of any batch size up to the cap is the linear interpolation between
 the measured sizes; beyond the cap nothing is known, so a plan never uses a larger batch.
+Those latencies are timed back to back; a worker serves a batch after waiting for it, and
+a batch that starts on a replica which sat idle takes longer (caches gone cold, the core
+woken from idle): the :class:`IdlePenalty` records how much longer, by idle time.
 
 A :class:`PipelineProfile` gathers the stage profiles per hardware class with what the
 estimator needs about the pipeline as a whole: the scale factor s_m of every stage (the
 fraction of queries that visit it, §4.1), the per-hop overhead of one router -> worker ->
-router round trip, and optionally the *visit matrix* recorded while profiling (which
-stages each sample query actually ran), so that simulated queries follow real conditional
-routing instead of independent coin flips.
+router round trip, optionally the serving overhead measured on a real router
+(:class:`~sloline.planner.overhead.ServingOverhead`: router CPU, hop and request-path
+distributions, shared cores), and optionally the *visit matrix* recorded while profiling
+(which stages each sample query actually ran), so that simulated queries follow real
+conditional routing instead of independent coin flips.
 
 Both serialise to plain JSON/YAML-friendly dicts with camelCase keys (they are stored in
 the Kubernetes resource's status next to the plan); ``from_dict(to_dict(x))`` is lossless.
@@ -28,9 +33,11 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from sloline.planner.overhead import ServingOverhead
+
 Stat = Literal["p50", "p99", "mean"]
 
-__all__ = ["BatchLatency", "PipelineProfile", "StageProfile", "Stat"]
+__all__ = ["BatchLatency", "IdlePenalty", "PipelineProfile", "StageProfile", "Stat"]
 
 
 def _positive(value: float, what: str) -> float:
@@ -106,17 +113,78 @@ class BatchLatency:
 
 
 @dataclass(frozen=True, slots=True)
+class IdlePenalty:
+    """Extra service time of a batch that starts on a replica idle for a while.
+
+    ``extra_s[i]`` is measured after an idle gap of ``gaps_s[i]`` (increasing): the median
+    time of a batch run after sleeping that long, minus the median back to back. It is
+    added to any batch size (it does not scale with the batch: it is the cost of waking up
+    and refilling caches). Between measured gaps it is interpolated linearly, from 0 at a
+    gap of 0, and held at the last value beyond the longest gap.
+    """
+
+    gaps_s: tuple[float, ...]
+    extra_s: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.gaps_s or len(self.gaps_s) != len(self.extra_s):
+            raise ValueError(
+                f"idle penalty needs one extra time per gap, got {len(self.gaps_s)} gaps "
+                f"and {len(self.extra_s)} times"
+            )
+        for gap in self.gaps_s:
+            _positive(gap, "idle gap")
+        if any(b <= a for a, b in itertools.pairwise(self.gaps_s)):
+            raise ValueError(f"idle gaps must increase, got {self.gaps_s}")
+        if any(not (math.isfinite(e) and e >= 0.0) for e in self.extra_s):
+            raise ValueError(f"idle penalties must be finite and >= 0 s, got {self.extra_s}")
+
+    @classmethod
+    def from_medians(cls, gaps_s: Sequence[float], extra_s: Sequence[float]) -> IdlePenalty:
+        """From measured (gap, median extra time) pairs: negative noise is clipped to 0 and
+        the curve made non-decreasing (a longer idle time never makes a batch faster)."""
+        extra = np.maximum.accumulate(np.maximum(np.asarray(extra_s, dtype=np.float64), 0.0))
+        return cls(tuple(float(g) for g in gaps_s), tuple(float(e) for e in extra))
+
+    def table(self) -> npt.NDArray[np.float64]:
+        """``[2, K + 1]``: gaps (from 0) and extra times (from 0), as the estimator reads it."""
+        return np.array([(0.0, *self.gaps_s), (0.0, *self.extra_s)], dtype=np.float64)
+
+    def extra_at(self, gap_s: float) -> float:
+        """Extra service time after ``gap_s`` seconds idle."""
+        table = self.table()
+        return float(np.interp(gap_s, table[0], table[1]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gapsSeconds": list(self.gaps_s), "extraSeconds": list(self.extra_s)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> IdlePenalty:
+        return cls(
+            tuple(float(g) for g in data["gapsSeconds"]),
+            tuple(float(e) for e in data["extraSeconds"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class StageProfile:
     """Batch latencies of one stage on one hardware class (InferLine §4.1, Fig. 3).
 
     ``points`` are ordered by batch size and start at batch size 1; ``cap`` (the largest
-    measured size) is the largest batch a plan may use on this hardware.
+    measured size) is the largest batch a plan may use on this hardware. ``idle`` (optional)
+    is the extra time of a batch started after an idle period; ``cores`` is how many CPU
+    cores a replica keeps busy while it serves (its thread budget), which matters when
+    replicas share a machine's cores.
     """
 
     hardware: str
     points: tuple[BatchLatency, ...]
+    idle: IdlePenalty | None = None
+    cores: int = 1
 
     def __post_init__(self) -> None:
+        if self.cores < 1:
+            raise ValueError(f"profile on {self.hardware!r}: cores must be >= 1, got {self.cores}")
         if not self.points:
             raise ValueError(f"profile on {self.hardware!r} has no measured batch sizes")
         sizes = [p.batch_size for p in self.points]
@@ -199,13 +267,24 @@ class StageProfile:
         return table
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hardware": self.hardware, "batches": [p.to_dict() for p in self.points]}
+        out: dict[str, Any] = {
+            "hardware": self.hardware,
+            "batches": [p.to_dict() for p in self.points],
+        }
+        if self.idle is not None:
+            out["idlePenalty"] = self.idle.to_dict()
+        if self.cores != 1:
+            out["cores"] = self.cores
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StageProfile:
+        idle = data.get("idlePenalty")
         return cls(
             hardware=str(data["hardware"]),
             points=tuple(BatchLatency.from_dict(p) for p in data["batches"]),
+            idle=IdlePenalty.from_dict(idle) if idle is not None else None,
+            cores=int(data.get("cores", 1)),
         )
 
     @classmethod
@@ -236,7 +315,11 @@ class PipelineProfile:
       (a stage may lack profiles on classes it cannot run on);
     - ``scale_factors[stage]``: s_m, the fraction of queries that visit the stage (§4.1);
       missing entries are filled from the visit matrix's column means, else 1.0;
-    - ``hop_s``: overhead of one router -> worker -> router round trip per batch, seconds;
+    - ``hop_s``: overhead of one router -> worker -> router round trip per batch, seconds
+      (InferLine's per-hop constant);
+    - ``overhead`` (optional): the serving overhead measured on a real router. When given,
+      the estimator simulates the router, hops, request path and shared cores from it
+      (``hop_s`` is then only its summary, for screens and the tuner's T_s);
     - ``visits`` (optional): bool array [n_samples, len(visit_stages)], which stages each
       profiled sample query visited (conditional edges and skip cascades included).
     """
@@ -246,6 +329,7 @@ class PipelineProfile:
     hop_s: float = 0.0
     visits: npt.NDArray[np.bool_] | None = None
     visit_stages: tuple[str, ...] = ()
+    overhead: ServingOverhead | None = None
 
     def __post_init__(self) -> None:
         stages: dict[str, Mapping[str, StageProfile]] = {}
@@ -299,6 +383,14 @@ class PipelineProfile:
         object.__setattr__(self, "visits", visits)
         return {n: float(visits[:, j].mean()) for j, n in enumerate(self.visit_stages)}
 
+    @property
+    def request_s(self) -> float:
+        """A request's own time besides its stage visits with nothing queued: the router's
+        CPU per request and the median request path (0 without a measured overhead)."""
+        if self.overhead is None:
+            return 0.0
+        return self.overhead.router_request_cpu_s + self.overhead.request_median_s
+
     def stage(self, name: str, hardware: str) -> StageProfile:
         """The profile of ``name`` on ``hardware``, or a KeyError saying what is profiled."""
         try:
@@ -323,6 +415,8 @@ class PipelineProfile:
                 for name, per_hw in self.stages.items()
             },
         }
+        if self.overhead is not None:
+            out["overhead"] = self.overhead.to_dict()
         if self.visits is not None:
             out["visits"] = {
                 "stages": list(self.visit_stages),
@@ -349,4 +443,5 @@ class PipelineProfile:
             hop_s=float(data.get("hopSeconds", 0.0)),
             visits=visits,
             visit_stages=visit_stages,
+            overhead=ServingOverhead.from_dict(data["overhead"]) if "overhead" in data else None,
         )

@@ -6,11 +6,16 @@
 2. For each (stage, hardware class) a real worker process is started with that class's
    thread budget and CPU affinity (`sloline profile-stage`), and it times one batch at
    batch sizes 1, 2, 4, ... up to the cap, or until doubling the batch stops paying off
-   (throughput gain under 5% twice in a row).
-3. The router's per-hop overhead is measured on a real router and worker: the end-to-end
-   time of a one-stage identity pipeline minus the worker's own service time.
+   (throughput gain under 5% twice in a row). Then the idle penalty: batch 1 timed after
+   idle gaps of 0.5 to 50 ms against back to back (a worker serves a batch after waiting
+   for it; caches cool down and the core goes idle meanwhile).
+3. The serving overhead is measured on a real router with real workers and a real gRPC
+   client through the front door (`probe.py`): the router's CPU per request, per batch
+   and per item, the workers' CPU per batch, and the distributions of the hop and of the
+   request path outside the router; with the cores the embedded mode's processes share.
 
-On Kubernetes, `profile_job` does steps 1-3 for one (stage, class) inside a Job's pod,
+On Kubernetes, `profile_job` does steps 1-2 for one (stage, class) inside a Job's pod,
+and measures the per-hop overhead as one constant on loopback,
 which runs on that class's nodes; the result becomes a termination message
 (`profile_message.py`).
 
@@ -37,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
+from sloline.planner.probe import measure_overhead
+from sloline.planner.profile import BatchLatency, IdlePenalty, PipelineProfile, StageProfile
 from sloline.planner.profile_message import ProfileMessage
 from sloline.runtimes import StageRunner, import_entrypoint, load_pipeline_stage
 from sloline.serving.inprocess import InProcessPipeline
@@ -45,6 +51,8 @@ from sloline.spec import HardwareCatalog, HardwareClass, Issue, LoadedPipeline, 
 
 Arrays = dict[str, np.ndarray]
 Progress = Callable[[str], None]
+# Part of the cache key: profiles measured before the idle penalty are measured again.
+PROFILE_FORMAT = b"2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +158,27 @@ def _load_inputs(path: Path) -> list[Arrays]:
     return [items[i] for i in sorted(items)]
 
 
+@dataclass(frozen=True, slots=True)
+class StageMeasurement:
+    """What `sloline profile-stage` measures: batch latencies and the idle penalty."""
+
+    points: tuple[BatchLatency, ...]
+    idle: IdlePenalty
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batches": [p.to_dict() for p in self.points],
+            "idlePenalty": self.idle.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StageMeasurement:
+        return cls(
+            tuple(BatchLatency.from_dict(p) for p in data["batches"]),
+            IdlePenalty.from_dict(data["idlePenalty"]),
+        )
+
+
 def measure_stage(
     pipeline_file: Path,
     stage: str,
@@ -159,14 +188,45 @@ def measure_stage(
     cap: int,
     repeats: int,
     budget_s: float,
-) -> list[BatchLatency]:
+) -> StageMeasurement:
     """Time one stage in this process (the body of `sloline profile-stage`)."""
     from sloline.spec import load_pipeline
 
     runner = load_pipeline_stage(load_pipeline(pipeline_file), stage, threads=threads)
-    return time_batches(
-        runner, _load_inputs(inputs_file), cap=cap, repeats=repeats, budget_s=budget_s
-    )
+    items = _load_inputs(inputs_file)
+    points = time_batches(runner, items, cap=cap, repeats=repeats, budget_s=budget_s)
+    return StageMeasurement(tuple(points), time_idle_penalty(runner, items))
+
+
+# Idle gaps after which batch 1 is timed: from about one hop (a replica that takes queued
+# work waits that long for it) to the gaps between requests at a few rps.
+IDLE_GAPS_S = (0.0005, 0.002, 0.01, 0.05)
+
+
+def time_idle_penalty(
+    runner: StageRunner, items: Sequence[Arrays], *, repeats: int = 30
+) -> IdlePenalty:
+    """How much longer batch 1 takes after sleeping each of IDLE_GAPS_S than back to back
+    (medians; the back-to-back runs are interleaved with the idle ones so that both see
+    the same machine). The sleep stands in for a worker blocked on its stream."""
+    chunk = [items[0]]
+    runner.run(chunk)
+    gaps, extras = [], []
+    for gap in IDLE_GAPS_S:
+        slept, cold, warm = [], [], []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            time.sleep(gap)
+            woke = time.perf_counter()
+            runner.run(chunk)
+            ran = time.perf_counter()
+            runner.run(chunk)
+            warm.append(time.perf_counter() - ran)
+            slept.append(woke - start)
+            cold.append(ran - woke)
+        gaps.append(float(np.median(slept)))
+        extras.append(float(np.median(cold) - np.median(warm)))
+    return IdlePenalty.from_medians(gaps, extras)
 
 
 def time_batches(
@@ -236,74 +296,24 @@ def _profile_in_worker(
             raise RuntimeError(
                 f"profiling stage {stage!r} on {hw.name!r} failed:\n{done.stderr.strip()[-2000:]}"
             )
-        points = [BatchLatency.from_dict(p) for p in json.loads(out.read_text())]
-    return StageProfile(hardware=hw.name, points=tuple(points))
+        measured = StageMeasurement.from_dict(json.loads(out.read_text()))
+    return StageProfile(
+        hardware=hw.name, points=measured.points, idle=measured.idle, cores=_cores(hw)
+    )
 
 
-def measure_hop_s(payload: Arrays, *, requests: int = 300) -> float:
-    """Router -> worker -> router overhead per stage visit, on a real router and worker."""
-    import asyncio
-
-    from sloline.embedded import EmbeddedPipeline, EmbeddedSettings
-    from sloline.serving.server import ServerSettings
-    from sloline.serving.types import InferRequest, Tensor
-    from sloline.spec import load_pipeline
-
-    with tempfile.TemporaryDirectory(prefix="sloline-hop-") as tmp:
-        spec_file = Path(tmp) / "pipeline.yaml"
-        spec_file.write_text(_identity_pipeline(payload))
-        loaded = load_pipeline(spec_file)
-
-        async def run() -> float:
-            settings = EmbeddedSettings(server=ServerSettings(http_port=0, grpc_port=0))
-            async with EmbeddedPipeline(loaded, settings) as served:
-                await served.wait_ready()
-                request = InferRequest("hop", {k: Tensor.from_array(v) for k, v in payload.items()})
-                end_to_end = []
-                for _ in range(requests):
-                    start = time.perf_counter()
-                    await served.router.infer(request)
-                    end_to_end.append(time.perf_counter() - start)
-                service = served.router.stats.stage_service["identity"].since(0.0)
-            return max(0.0, float(np.median(end_to_end[20:]) - np.median(service[20:])))
-
-        return asyncio.run(run())
+def _cores(hw: HardwareClass) -> int:
+    """Cores a replica of ``hw`` keeps busy while serving: its thread budget on a CPU
+    class; one on an accelerator (the thread that feeds it)."""
+    return hw.embedded.threads if hw.accelerator == "cpu" else 1
 
 
-def _identity_pipeline(payload: Arrays) -> str:
-    from sloline.serving.types import datatype_of
-
-    tensors = [
-        {"name": k, "datatype": datatype_of(v), "shape": list(v.shape)} for k, v in payload.items()
-    ]
-    doc = {
-        "apiVersion": "sloline.dev/v1alpha1",
-        "kind": "PredictionPipeline",
-        "metadata": {"name": "hop"},
-        "spec": {
-            "slo": {"latencyMs": 1000},
-            "workload": {"rateRps": 1},
-            "inputs": tensors,
-            "stages": [
-                {
-                    "name": "identity",
-                    "model": {
-                        "runtime": "python",
-                        "entrypoint": "sloline.planner.profiler:identity",
-                    },
-                    "inputs": [{"name": t["name"], "from": t["name"]} for t in tensors],
-                    "outputs": tensors,
-                }
-            ],
-            "output": "identity",
-        },
-    }
-    return json.dumps(doc)
-
-
-def identity(inputs: Arrays) -> Arrays:
-    """The stage of the hop-overhead pipeline."""
-    return dict(inputs)
+def usable_cores() -> int:
+    """The cores this process (and the workers it starts) may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def profile_pipeline(
@@ -337,6 +347,7 @@ def profile_pipeline(
             for name in classes:
                 hw = catalog.get(name)
                 key = _digest(
+                    PROFILE_FORMAT,
                     node.spec.model_dump_json().encode(),
                     _model_bytes(loaded, stage),
                     hw.model_dump_json().encode(),
@@ -354,9 +365,15 @@ def profile_pipeline(
                     profile = _profile_in_worker(loaded, stage, hw, inputs_file, settings)
                     path.write_text(json.dumps(profile.to_dict()))
                 stages[stage][name] = profile
-    progress("measuring the router's per-hop overhead ...")
-    hop_s = measure_hop_s(samples[0])
-    return PipelineProfile(stages=stages, hop_s=hop_s, visits=visits, visit_stages=order)
+    progress("measuring the serving overhead (router, hops, request path) ...")
+    overhead = measure_overhead(samples[0], cores=usable_cores())
+    return PipelineProfile(
+        stages=stages,
+        hop_s=overhead.visit_s(),
+        visits=visits,
+        visit_stages=order,
+        overhead=overhead,
+    )
 
 
 def profile_job(
@@ -386,13 +403,14 @@ def profile_job(
         repeats=settings.repeats,
         budget_s=settings.budget_s,
     )
+    idle = time_idle_penalty(runner, inputs)
     hop_s = None
     if hop_requests > 0:
         progress("measuring the router's per-hop overhead ...")
-        hop_s = measure_hop_s(samples[0], requests=hop_requests)
+        hop_s = measure_overhead(samples[0], requests=hop_requests).visit_s()
     return ProfileMessage(
         stage=stage,
-        profile=StageProfile(hardware=hw.name, points=tuple(points)),
+        profile=StageProfile(hardware=hw.name, points=tuple(points), idle=idle, cores=_cores(hw)),
         hop_s=hop_s,
         visits=visits,
         visit_stages=loaded.graph.order,

@@ -3,7 +3,10 @@
 A stage is a FIFO queue served by ``replicas`` identical replicas with the router's pull
 dispatch: whenever a replica is idle and the queue is non-empty it takes
 ``min(queue length, max_batch)`` items at once and is busy for the batch's service time
-plus the hop overhead (the worker holds its batch until the router has its results).
+plus the hop overhead (the worker holds its batch until the router has its results). A
+batch that starts on a replica which sat idle also pays the profile's idle penalty for
+the time its worker waited: from the end of its previous batch's model time to the start
+of this one's, i.e. the replica's idle time plus one hop (half on each side).
 
 Because queues are FIFO and nothing pushes back upstream, a stage's behaviour depends only
 on the times its items become ready. Given those times sorted, the stage is one pass over
@@ -20,7 +23,7 @@ the measurements behind the choice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numba
 import numpy as np
@@ -32,25 +35,32 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
+_NO_IDLE = np.zeros((2, 1), dtype=np.float64)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class ServiceDraws:
     """How long each batch occupies a replica: ``table_s[k, j]`` is a service time of a
     batch of k; the b-th batch dispatched uses column ``cols[b]`` (0 when ``cols`` is
-    empty) times ``scales[b]`` (1 when empty), plus ``hop_s``."""
+    empty) times ``scales[b]`` (1 when empty), plus ``hop_s``, plus the idle penalty
+    ``idle_s`` (``[2, K]``: gaps from 0, extra times from 0, see
+    :meth:`~sloline.planner.profile.IdlePenalty.table`) for the time its worker was idle."""
 
     table_s: FloatArray  # [max_batch + 1, J], C-contiguous
     cols: IntArray  # [>= number of batches] or empty
     scales: FloatArray  # [>= number of batches] or empty
     hop_s: float
+    idle_s: FloatArray = field(default_factory=lambda: _NO_IDLE)
 
-    def time_s(self, batch_index: int, size: int) -> float:
-        """Occupancy of the ``batch_index``-th batch, of ``size`` items (same arithmetic as
-        the compiled loop, so both give bit-identical times)."""
+    def time_s(self, batch_index: int, size: int, idle_gap_s: float = 0.0) -> float:
+        """Occupancy of the ``batch_index``-th batch, of ``size`` items, its worker idle for
+        ``idle_gap_s`` before it (same arithmetic as the compiled loop, so both give
+        bit-identical times)."""
         col = int(self.cols[batch_index]) if self.cols.size else 0
         service = float(self.table_s[size, col])
         if self.scales.size:
             service = service * float(self.scales[batch_index])
-        return service + self.hop_s
+        return service + self.hop_s + _extra(self.idle_s, idle_gap_s)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -68,6 +78,18 @@ def _input(dtype: numba.types.Type, ndim: int) -> numba.types.Array:
     return numba.types.Array(dtype, ndim, "C", readonly=True)
 
 
+@numba.njit(cache=True, nogil=True)
+def _extra(idle: FloatArray, gap: float) -> float:
+    """The idle penalty after ``gap`` seconds: linear between the table's points, the last
+    value beyond them (``idle[0]`` gaps from 0, ``idle[1]`` extra times from 0)."""
+    last = idle.shape[1] - 1
+    for j in range(1, last + 1):
+        if gap < idle[0, j]:
+            weight = (gap - idle[0, j - 1]) / (idle[0, j] - idle[0, j - 1])
+            return float(idle[1, j - 1] + (idle[1, j] - idle[1, j - 1]) * weight)
+    return float(idle[1, last])
+
+
 _SIGNATURE = numba.types.Tuple((numba.int64, numba.float64))(  # type: ignore[no-untyped-call]
     _input(numba.float64, 1),  # ready times, sorted
     numba.int64,  # max batch
@@ -76,6 +98,7 @@ _SIGNATURE = numba.types.Tuple((numba.int64, numba.float64))(  # type: ignore[no
     _input(numba.int64, 1),  # per-batch column
     _input(numba.float64, 1),  # per-batch scale
     numba.float64,  # hop overhead
+    _input(numba.float64, 2),  # idle penalty table
     numba.float64[::1],  # out: completion per item
 )
 
@@ -89,6 +112,7 @@ def _serve(
     cols: IntArray,
     scales: FloatArray,
     hop: float,
+    idle: FloatArray,
     done: FloatArray,
 ) -> tuple[int, float]:
     n = ready.shape[0]
@@ -113,7 +137,9 @@ def _serve(
         service = table[k, col]
         if scales.shape[0]:
             service = service * scales[batches]
-        service = service + hop
+        # The worker waited from its last model time (half a hop before the replica
+        # freed) to this one's (half a hop after the dispatch).
+        service = service + hop + _extra(idle, start - first_free + hop)
         end = start + service
         busy += service
         done[i : i + k] = end
@@ -150,6 +176,7 @@ def serve(ready_s: FloatArray, max_batch: int, replicas: int, service: ServiceDr
         np.ascontiguousarray(service.cols, dtype=np.int64),
         np.ascontiguousarray(service.scales, dtype=np.float64),
         float(service.hop_s),
+        np.ascontiguousarray(service.idle_s, dtype=np.float64),
         done,
     )
     return StageRun(done, int(batches), float(busy))

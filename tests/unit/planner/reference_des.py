@@ -5,7 +5,9 @@ One event heap for the whole pipeline. Events are keyed (time, stage, phase, seq
 at one instant, stages are handled in topological order; at a stage, pushes (phase 0, in
 query order) come before replicas finishing (phase 1). A push dispatches at once if a
 replica is idle; a finishing replica takes min(queue, max_batch) queued items. These are
-the router's rules (items ready at the same instant are pushed one at a time).
+the router's rules (items ready at the same instant are pushed one at a time). Idle
+replicas wait in a FIFO (the longest idle takes the next batch); a batch pays the idle
+penalty for the time its worker waited: replica idle time plus one hop.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ class _Router:
         self.pending = [[len(deps) for deps in topology.deps] for _ in range(n)]
         self.done = np.full((n, stages), np.nan)
         self.queues: list[deque[int]] = [deque() for _ in range(stages)]
-        self.idle = [cfg.replicas for cfg in config]
+        # Per stage, idle replicas as the times they freed, longest idle first.
+        self.idle: list[deque[float]] = [deque([-np.inf] * cfg.replicas) for cfg in config]
+        self.hop_s = profile.hop_s
         self.batches = [0] * stages
         self.order = itertools.count()
         self.heap: list[Event] = [
@@ -83,9 +87,10 @@ class _Router:
         queue, max_batch = self.queues[m], self.config[m].max_batch
         while self.idle[m] and queue:
             batch = tuple(queue.popleft() for _ in range(min(max_batch, len(queue))))
-            duration = self.draws[m].time_s(self.batches[m], len(batch))
+            freed = self.idle[m].popleft()
+            gap = t - freed + self.hop_s
+            duration = self.draws[m].time_s(self.batches[m], len(batch), gap)
             self.batches[m] += 1
-            self.idle[m] -= 1
             heapq.heappush(self.heap, (t + duration, m, 1, next(self.order), "done", batch))
 
     def run(self) -> npt.NDArray[np.float64]:
@@ -99,7 +104,7 @@ class _Router:
                 self.queues[m].append(items[0])
                 self.dispatch(m, t)
             else:
-                self.idle[m] += 1
+                self.idle[m].append(t)
                 for q in items:
                     self.finish(q, m, t)
                 self.dispatch(m, t)

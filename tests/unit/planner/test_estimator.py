@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -28,7 +29,7 @@ def run(
     topology: Topology,
     stages: dict[str, StageProfile],
     config: Sequence[tuple[int, int]],
-    arrivals: Sequence[float],
+    arrivals: npt.ArrayLike,
     **profile_args: object,
 ) -> np.ndarray:
     profile = PipelineProfile({n: {"hw": p} for n, p in stages.items()}, **profile_args)  # type: ignore[arg-type]

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sloline.planner.clockwork import load_clockwork_profiles
-from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
+from sloline.planner.overhead import ServingOverhead
+from sloline.planner.profile import BatchLatency, IdlePenalty, PipelineProfile, StageProfile
 
 
 def gpu_like() -> StageProfile:
@@ -93,13 +94,37 @@ def stage_profiles(draw: st.DrawFn) -> StageProfile:
         tail = latency * draw(st.floats(1.0, 3.0))
         samples = tuple(draw(st.lists(st.floats(1e-4, 2.0), max_size=4)))
         points.append(BatchLatency(size, latency, tail, latency * 1.1, samples))
-    return StageProfile(draw(st.sampled_from(["cpu-1", "gpu"])), tuple(points))
+    idle = None
+    if draw(st.booleans()):
+        gaps = sorted(set(draw(st.lists(st.floats(1e-4, 0.1), min_size=1, max_size=4))))
+        extras = draw(st.lists(st.floats(0.0, 0.01), min_size=len(gaps), max_size=len(gaps)))
+        idle = IdlePenalty.from_medians(gaps, extras)
+    hardware = draw(st.sampled_from(["cpu-1", "gpu"]))
+    return StageProfile(hardware, tuple(points), idle=idle, cores=draw(st.integers(1, 4)))
 
 
-@settings(max_examples=40)
-@given(st.lists(stage_profiles(), min_size=1, max_size=3), st.floats(0.0, 0.01), st.booleans())
+overheads = st.builds(
+    ServingOverhead,
+    *(st.floats(0.0, 0.01) for _ in range(4)),
+    st.lists(st.floats(0.0, 0.01), min_size=1, max_size=5).map(tuple),
+    st.lists(st.floats(0.0, 0.01), min_size=1, max_size=5).map(tuple),
+    st.floats(0.0, 0.01),
+    st.none() | st.integers(1, 64),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(stage_profiles(), min_size=1, max_size=3),
+    st.floats(0.0, 0.01),
+    st.booleans(),
+    st.none() | overheads,
+)
 def test_pipeline_profile_round_trips_through_json_and_yaml(
-    profiles: list[StageProfile], hop_s: float, with_visits: bool
+    profiles: list[StageProfile],
+    hop_s: float,
+    with_visits: bool,
+    overhead: ServingOverhead | None,
 ) -> None:
     stages = {f"s{i}": {p.hardware: p} for i, p in enumerate(profiles)}
     names = tuple(stages)
@@ -107,7 +132,11 @@ def test_pipeline_profile_round_trips_through_json_and_yaml(
     if with_visits:
         visits = np.arange(5 * len(names)).reshape(5, len(names)) % 3 == 0
     original = PipelineProfile(
-        stages, hop_s=hop_s, visits=visits, visit_stages=names if with_visits else ()
+        stages,
+        hop_s=hop_s,
+        visits=visits,
+        visit_stages=names if with_visits else (),
+        overhead=overhead,
     )
     data = original.to_dict()
     for text in (json.dumps(data), yaml.safe_dump(data)):
@@ -115,6 +144,39 @@ def test_pipeline_profile_round_trips_through_json_and_yaml(
         assert again.to_dict() == data
         assert again.stages == original.stages
         assert again.scale_factors == original.scale_factors
+        assert again.overhead == original.overhead
+
+
+def test_idle_penalty_is_clipped_monotone_and_interpolated() -> None:
+    """Measured medians are noisy: a negative extra time is 0 and the curve never falls
+    (a longer idle time does not make a batch faster). Linear from (0, 0), flat beyond."""
+    idle = IdlePenalty.from_medians([0.001, 0.002, 0.01, 0.05], [-1e-5, 3e-4, 2e-4, 6e-4])
+    assert idle.extra_s == (0.0, 3e-4, 3e-4, 6e-4)
+    assert idle.extra_at(0.0) == 0.0
+    assert idle.extra_at(0.0015) == pytest.approx(1.5e-4)
+    assert idle.extra_at(0.03) == pytest.approx(4.5e-4)
+    assert idle.extra_at(10.0) == 6e-4
+    with pytest.raises(ValueError, match="must increase"):
+        IdlePenalty((0.002, 0.001), (0.0, 0.0))
+    with pytest.raises(ValueError, match="one extra time per gap"):
+        IdlePenalty((0.001,), ())
+
+
+def test_serving_overhead_summaries_and_validation() -> None:
+    overhead = ServingOverhead(0.001, 0.0004, 0.0001, 0.0002, (3e-4, 1e-4, 2e-4), (5e-4,))
+    assert overhead.router_visit_cpu_s(1) == pytest.approx(0.0005)
+    assert overhead.router_visit_cpu_s(4) == pytest.approx(0.0002)
+    assert overhead.visit_s() == pytest.approx(0.0005 + 2e-4)
+    np.testing.assert_array_equal(overhead.hop_table_s(), [1e-4, 2e-4, 3e-4])
+    profile = PipelineProfile({"a": {"gpu": gpu_like()}}, overhead=overhead)
+    assert profile.request_s == pytest.approx(0.001 + 5e-4)
+    assert PipelineProfile({"a": {"gpu": gpu_like()}}).request_s == 0.0
+    with pytest.raises(ValueError, match="at least one sample"):
+        ServingOverhead(0.0, 0.0, 0.0, 0.0, (), (1e-3,))
+    with pytest.raises(ValueError, match="router CPU per request"):
+        ServingOverhead(-1.0, 0.0, 0.0, 0.0, (1e-3,), (1e-3,))
+    with pytest.raises(ValueError, match="shared cores"):
+        ServingOverhead(0.0, 0.0, 0.0, 0.0, (1e-3,), (1e-3,), cores=0)
 
 
 def test_scale_factors_come_from_the_visit_matrix() -> None:

@@ -1,0 +1,142 @@
+"""What serving adds around the models: the router's CPU, the hops, the request path, and
+the cores the router and the workers share.
+
+InferLine (§4.1-4.2) folds the serving system into one measured per-hop constant. On one
+machine that hides the three things that shape sloline's tail latency besides the models
+(docs/planner.md, "Estimator vs reality"):
+
+- **the router is one server**: one single-threaded event loop decodes every request,
+  dispatches every batch, takes back every result and encodes every response, so its CPU
+  time is a FIFO queue every stage visit of every request passes through, twice;
+- **hops and the request path are distributions**, not their medians: loopback gRPC,
+  process wake-ups and a worker's own decode/encode vary by a factor of several;
+- **co-located processes share cores**: in the embedded mode the router and every worker
+  run on the same few cores, so three ensemble members serving at once on two cores each
+  take longer than profiled alone.
+
+:class:`ServingOverhead` holds what the profiler measures of these on a real router with
+real workers (``sloline.planner.probe``); the estimator simulates them
+(``sloline.planner.shared``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["ServingOverhead"]
+
+
+def _cpu(value: float, what: str) -> float:
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"{what} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _samples(values: Sequence[float], what: str) -> tuple[float, ...]:
+    if not values:
+        raise ValueError(f"{what}: at least one sample is needed")
+    for value in values:
+        _cpu(value, what)
+    return tuple(float(v) for v in values)
+
+
+@dataclass(frozen=True, slots=True)
+class ServingOverhead:
+    """Serving costs measured on a real router and worker, in seconds.
+
+    - ``router_request_cpu_s``: router CPU per request — the front door's decode and
+      encode, starting and finishing the request's DAG;
+    - ``router_batch_cpu_s`` / ``router_item_cpu_s``: router CPU per dispatched batch and
+      per item in it — building and sending the batch, reading its result, handing the
+      outputs downstream;
+    - ``worker_batch_cpu_s``: a worker's CPU per batch outside the model (reading the
+      batch, writing the results);
+    - ``hop_s``: samples of one router -> worker -> router round trip that is neither
+      router CPU nor model time (loopback, wake-ups, the worker's own CPU above);
+    - ``request_s``: samples of a request's time outside the router's CPU (the client's
+      gRPC stack and loopback, both ways), measured with a client on the same machine;
+    - ``client_cpu_s``: that measuring client's CPU per request (part of ``request_s``);
+    - ``cores``: the cores the router and every worker share (the embedded mode's machine),
+      or None where each has its own (Kubernetes pods with CPU requests).
+    """
+
+    router_request_cpu_s: float
+    router_batch_cpu_s: float
+    router_item_cpu_s: float
+    worker_batch_cpu_s: float
+    hop_s: tuple[float, ...]
+    request_s: tuple[float, ...]
+    client_cpu_s: float = 0.0
+    cores: int | None = None
+
+    def __post_init__(self) -> None:
+        _cpu(self.router_request_cpu_s, "router CPU per request")
+        _cpu(self.router_batch_cpu_s, "router CPU per batch")
+        _cpu(self.router_item_cpu_s, "router CPU per item")
+        _cpu(self.worker_batch_cpu_s, "worker CPU per batch")
+        _cpu(self.client_cpu_s, "client CPU per request")
+        object.__setattr__(self, "hop_s", _samples(self.hop_s, "hop time"))
+        object.__setattr__(self, "request_s", _samples(self.request_s, "request time"))
+        if self.cores is not None and self.cores < 1:
+            raise ValueError(f"shared cores must be >= 1 (or None), got {self.cores}")
+
+    def router_visit_cpu_s(self, batch: int = 1) -> float:
+        """Router CPU of one stage visit in a batch of ``batch``, per item."""
+        return self.router_batch_cpu_s / batch + self.router_item_cpu_s
+
+    @property
+    def hop_median_s(self) -> float:
+        """Median of the hop samples."""
+        return float(np.median(self.hop_s))
+
+    @property
+    def request_median_s(self) -> float:
+        """Median of the request-path samples."""
+        return float(np.median(self.request_s))
+
+    def visit_s(self) -> float:
+        """One stage visit's time besides the model with nothing queued: router CPU of a
+        batch of one plus the median hop (what InferLine's per-hop constant measures)."""
+        return self.router_visit_cpu_s(1) + self.hop_median_s
+
+    def hop_table_s(self) -> npt.NDArray[np.float64]:
+        """The hop samples as equally likely sorted values (the estimator's draws)."""
+        return np.sort(np.asarray(self.hop_s, dtype=np.float64))
+
+    def request_table_s(self) -> npt.NDArray[np.float64]:
+        """The request-path samples as equally likely sorted values."""
+        return np.sort(np.asarray(self.request_s, dtype=np.float64))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "routerRequestCpuSeconds": self.router_request_cpu_s,
+            "routerBatchCpuSeconds": self.router_batch_cpu_s,
+            "routerItemCpuSeconds": self.router_item_cpu_s,
+            "workerBatchCpuSeconds": self.worker_batch_cpu_s,
+            "hopSeconds": list(self.hop_s),
+            "requestSeconds": list(self.request_s),
+            "clientCpuSeconds": self.client_cpu_s,
+        }
+        if self.cores is not None:
+            out["cores"] = self.cores
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ServingOverhead:
+        cores = data.get("cores")
+        return cls(
+            router_request_cpu_s=float(data["routerRequestCpuSeconds"]),
+            router_batch_cpu_s=float(data["routerBatchCpuSeconds"]),
+            router_item_cpu_s=float(data["routerItemCpuSeconds"]),
+            worker_batch_cpu_s=float(data["workerBatchCpuSeconds"]),
+            hop_s=tuple(float(v) for v in data["hopSeconds"]),
+            request_s=tuple(float(v) for v in data["requestSeconds"]),
+            client_cpu_s=float(data.get("clientCpuSeconds", 0.0)),
+            cores=int(cores) if cores is not None else None,
+        )

@@ -1,0 +1,312 @@
+"""Measuring what serving adds around the models (:class:`ServingOverhead`), on a real
+router with real worker processes and a real gRPC client through the front door.
+
+Tiny pipelines are served embedded, one after the other: one identity stage, two identity
+stages in a chain, and one stage that holds each batch for a while without using CPU (so
+that bursts of requests queue and form batches), with batches of up to K and of one. A
+client in its own process sends the pipeline's first sample request, one at a time with an
+idle gap between requests as at low load, or in bursts. From the router process's CPU
+time, the worker's CPU time, the client's latencies and the router's own latencies:
+
+- router CPU per request with one stage R1 and with two R2: per stage visit R2 - R1, per
+  request the rest; the same bursts of K requests into the holding stage served as K
+  batches of one or as two batches differ by K - 2 batches' CPU, which splits a visit's
+  CPU into a per-batch and a per-item part;
+- the same requests sent in process (``Router.infer``, no front door) give the router's
+  CPU without the front door R1_in and its latency; per request, that latency minus the
+  model time and R1_in is one hop sample (wire, wake-ups, the worker's decode/encode);
+- per request, the client's latency minus the router's latency minus the front door's CPU
+  (R1 - R1_in) is one sample of the request path outside the router;
+- the worker's CPU per batch minus its model time is its own per-batch cost.
+
+Everything is measured at idle (requests spaced by ``gap_s``), where each message wakes a
+sleeping process; under load those costs shrink, so the estimate errs on the safe side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from sloline.planner.overhead import ServingOverhead
+
+__all__ = ["hold", "identity", "measure_overhead"]
+
+Arrays = dict[str, np.ndarray]
+T = TypeVar("T")
+
+HOLD_S = 0.01  # the holding stage's time per batch (a sleep: no CPU)
+BURST = 8  # requests per burst: the first is served alone, the other 7 as one batch
+BLOCKS = 5  # each measurement in this many blocks (CPU: median over blocks)
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def identity(inputs: Arrays) -> Arrays:
+    """The stage of the probe pipelines: its outputs are its inputs."""
+    return dict(inputs)
+
+
+def hold(inputs: Arrays) -> Arrays:
+    """Identity that holds each batch for HOLD_S without using CPU."""
+    time.sleep(HOLD_S)
+    return dict(inputs)
+
+
+def _pipeline_doc(payload: Arrays, stages: list[str], max_batch: int) -> str:
+    """A pipeline of ``stages`` (entrypoint names of this module) in a chain."""
+    from sloline.serving.types import datatype_of
+
+    tensors: list[dict[str, Any]] = [
+        {"name": k, "datatype": datatype_of(v), "shape": list(v.shape)} for k, v in payload.items()
+    ]
+    specs = []
+    for k, entry in enumerate(stages):
+        source = "" if k == 0 else f"s{k - 1}."
+        specs.append(
+            {
+                "name": f"s{k}",
+                "maxBatch": max_batch,
+                "model": {"runtime": "python", "entrypoint": f"sloline.planner.probe:{entry}"},
+                "inputs": [{"name": t["name"], "from": f"{source}{t['name']}"} for t in tensors],
+                "outputs": tensors,
+            }
+        )
+    doc = {
+        "apiVersion": "sloline.dev/v1alpha1",
+        "kind": "PredictionPipeline",
+        "metadata": {"name": "probe"},
+        "spec": {
+            "slo": {"latencyMs": 1000},
+            "workload": {"rateRps": 1},
+            "inputs": tensors,
+            "stages": specs,
+            "output": f"s{len(stages) - 1}",
+        },
+    }
+    return json.dumps(doc)
+
+
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
+
+
+# --------------------------------------------------------------------------- the client
+def _client_process(conn: Connection, url: str, payload: Arrays) -> None:
+    """A plain gRPC client (the Open Inference Protocol stubs) answering commands."""
+    import grpc
+
+    from sloline.serving.proto import grpc_service_pb2 as pb
+    from sloline.serving.proto import grpc_service_pb2_grpc as pb_grpc
+    from sloline.serving.types import datatype_of
+
+    request = pb.ModelInferRequest(model_name="probe")
+    for name, value in payload.items():
+        request.inputs.add(name=name, datatype=datatype_of(value), shape=list(value.shape))
+        request.raw_input_contents.append(np.ascontiguousarray(value).tobytes())
+    with grpc.insecure_channel(url) as channel:
+        infer = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+        while (command := conn.recv()) is not None:
+            kind, count, gap_s = command
+            cpu0 = time.process_time()
+            latencies = []
+            for _ in range(count):
+                time.sleep(gap_s)
+                if kind == "burst":
+                    futures = [infer.future(request) for _ in range(BURST)]
+                    for future in futures:
+                        future.result()
+                else:
+                    start = time.perf_counter()
+                    infer(request)
+                    latencies.append(time.perf_counter() - start)
+            conn.send((latencies, time.process_time() - cpu0))
+
+
+class _Client:
+    def __init__(self, url: str, payload: Arrays) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_client_process, args=(child, url, payload), daemon=True)
+        self.process.start()
+        child.close()
+
+    async def call(self, kind: str, count: int, gap_s: float) -> tuple[list[float], float]:
+        self.conn.send((kind, count, gap_s))
+        loop = asyncio.get_running_loop()
+        latencies, cpu_s = await loop.run_in_executor(None, self.conn.recv)
+        return list(latencies), float(cpu_s)
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join(10)
+        if self.process.is_alive():
+            self.process.terminate()
+
+
+# --------------------------------------------------------------------------- measurement
+@dataclass(frozen=True, slots=True)
+class _Run:
+    router_cpu_s: float  # per request (or per burst)
+    worker_cpu_s: float  # per request (or per burst)
+    client_cpu_s: float  # per request
+    client_s: np.ndarray  # per request, at the client
+    router_s: np.ndarray  # per request, Router.infer
+    service_s: np.ndarray  # per batch, the model's time
+
+
+Served = Any  # sloline.embedded.EmbeddedPipeline (imported lazily: it pulls in serving)
+
+
+async def _serve(
+    payload: Arrays,
+    stages: list[str],
+    body: Callable[[Served], Awaitable[T]],
+    max_batch: int = BURST,
+) -> T:
+    from sloline.embedded import EmbeddedPipeline, EmbeddedSettings
+    from sloline.serving.server import ServerSettings
+    from sloline.spec import load_pipeline
+
+    with tempfile.TemporaryDirectory(prefix="sloline-probe-") as tmp:
+        spec_file = Path(tmp) / "pipeline.yaml"
+        spec_file.write_text(_pipeline_doc(payload, stages, max_batch))
+        settings = EmbeddedSettings(server=ServerSettings(http_port=0, grpc_port=0), tuner=False)
+        async with EmbeddedPipeline(load_pipeline(spec_file), settings) as served:
+            await served.wait_ready()
+            return await body(served)
+
+
+def _worker_pids(served: Served) -> list[int]:
+    backend = served.backend
+    return [pid for stage in served.configs for pid in backend.pids(stage)]
+
+
+async def _blocks(
+    served: Served,
+    count: int,
+    send: Callable[[int], Awaitable[tuple[list[float], float]]],
+) -> _Run:
+    """Run ``send(block)`` (requests or bursts, returning latencies and client CPU) over
+    ``count`` in BLOCKS blocks; CPU per request is the median over blocks, so that a
+    neighbour's burst of activity during one block does not skew it."""
+    pids = _worker_pids(served)
+    block = max(1, count // BLOCKS)
+    t0 = time.monotonic()
+    router, worker, client, latencies = [], [], [], []
+    for _ in range(BLOCKS):
+        worker0, cpu0 = sum(_process_cpu_s(p) for p in pids), time.process_time()
+        times, client_cpu = await send(block)
+        router.append((time.process_time() - cpu0) / block)
+        worker.append((sum(_process_cpu_s(p) for p in pids) - worker0) / block)
+        client.append(client_cpu / block)
+        latencies.extend(times)
+    stats = served.router.stats
+    return _Run(
+        router_cpu_s=float(np.median(router)),
+        worker_cpu_s=float(np.median(worker)),
+        client_cpu_s=float(np.median(client)),
+        client_s=np.asarray(latencies),
+        router_s=stats.latency.since(t0).copy(),
+        service_s=np.concatenate([r.since(t0) for r in stats.stage_service.values()]),
+    )
+
+
+async def _through_front_door(
+    served: Served, payload: Arrays, kind: str, count: int, gap_s: float
+) -> _Run:
+    client = _Client(served.grpc_url, payload)
+    try:
+        await client.call("seq", 30, gap_s)  # warm-up: connection, code paths
+        return await _blocks(served, count, lambda n: client.call(kind, n, gap_s))
+    finally:
+        client.close()
+
+
+async def _in_process(served: Served, payload: Arrays, count: int, gap_s: float) -> _Run:
+    from sloline.serving.types import InferRequest, Tensor
+
+    request = InferRequest("probe", {k: Tensor.from_array(v) for k, v in payload.items()})
+    for _ in range(30):
+        await served.router.infer(request)
+
+    async def send(n: int) -> tuple[list[float], float]:
+        latencies = []
+        for _ in range(n):
+            await asyncio.sleep(gap_s)
+            start = time.perf_counter()
+            await served.router.infer(request)
+            latencies.append(time.perf_counter() - start)
+        return latencies, 0.0
+
+    return await _blocks(served, count, send)
+
+
+def measure_overhead(
+    payload: Arrays,
+    *,
+    requests: int = 300,
+    bursts: int = 30,
+    gap_s: float = 0.005,
+    cores: int | None = None,
+) -> ServingOverhead:
+    """Measure the serving overhead with ``payload`` as every request's inputs (see the
+    module doc). ``cores``: what the router and the workers will share (embedded: this
+    machine's usable cores); None when they will not share cores."""
+    from sloline.serving import process
+
+    async def front(served: Served) -> _Run:
+        return await _through_front_door(served, payload, "seq", requests, gap_s)
+
+    async def inner(served: Served) -> _Run:
+        return await _in_process(served, payload, requests, gap_s)
+
+    async def burst(served: Served) -> _Run:
+        return await _through_front_door(served, payload, "burst", bursts, 4 * HOLD_S)
+
+    async def both(served: Served) -> tuple[_Run, _Run]:
+        return await front(served), await inner(served)
+
+    async def run() -> tuple[_Run, _Run, _Run, _Run, _Run]:
+        one, one_in = await _serve(payload, ["identity"], both)
+        two = await _serve(payload, ["identity", "identity"], front)
+        batched = await _serve(payload, ["hold"], burst)
+        single = await _serve(payload, ["hold"], burst, max_batch=1)
+        return one, one_in, two, batched, single
+
+    one, one_in, two, batched, single = process.run(run())
+    visit = max(0.0, two.router_cpu_s - one.router_cpu_s)
+    per_request = max(0.0, one.router_cpu_s - visit)
+    # The same bursts of K requests as K batches of one, or as a batch of 1 and one of
+    # K - 1: the difference is K - 2 batches' worth of per-batch CPU.
+    per_batch = (single.router_cpu_s - batched.router_cpu_s) / (BURST - 2)
+    per_batch = min(max(per_batch, 0.0), visit)
+    front_door = max(0.0, one.router_cpu_s - one_in.router_cpu_s)
+    n = min(one_in.client_s.size, one_in.service_s.size)
+    hop = one_in.client_s[:n] - one_in.service_s[:n] - one_in.router_cpu_s
+    m = min(one.client_s.size, one.router_s.size)
+    request = one.client_s[:m] - one.router_s[:m] - front_door
+    service = float(np.concatenate([one.service_s, one_in.service_s]).mean())
+    worker = (one.worker_cpu_s + one_in.worker_cpu_s) / 2.0
+    return ServingOverhead(
+        router_request_cpu_s=per_request,
+        router_batch_cpu_s=per_batch,
+        router_item_cpu_s=visit - per_batch,
+        worker_batch_cpu_s=max(0.0, worker - service),
+        hop_s=tuple(np.maximum(hop, 0.0).tolist()),
+        request_s=tuple(np.maximum(request, 0.0).tolist()),
+        client_cpu_s=one.client_cpu_s,
+        cores=cores,
+    )
