@@ -184,6 +184,10 @@ def test_service_names_resolve_in_pods_and_cluster_ips_proxy_from_the_test(
     kube.create(server("web", replicas=2))
     kube.create(service("web"))
     wait(kube, node, "deployments", "web", ready_replicas(2))
+    deadline = time.monotonic() + 10
+    while len(node.service_endpoints(NS, "web", "http")) < 2:
+        assert time.monotonic() < deadline, node.explain_services(NS)
+        time.sleep(0.05)
     address = node.service_address(NS, "web", "http")
     answers = collections.Counter(get(f"http://{address}/") for _ in range(40))
     pods = {p["metadata"]["name"] for p in kube.list("pods", NS, labels="app=web")}
@@ -331,7 +335,12 @@ def test_a_job_past_its_deadline_is_stopped_and_fails(
     script = (
         "import signal, time; signal.signal(signal.SIGTERM, lambda *_: exit(143)); time.sleep(60)"
     )
-    kube.create(job("slow", script, activeDeadlineSeconds=1))
+    slow = job("slow", script, activeDeadlineSeconds=1)
+    # The script is its container's PID 1, which ignores a SIGTERM that comes before its
+    # handler is installed (a slow interpreter start on a busy machine): the grace period
+    # bounds the stop then, as it does in a cluster.
+    slow["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 2
+    kube.create(slow)
     started = time.monotonic()
     done = wait(kube, node, "jobs", "slow", finished)
     assert condition(done, "Failed")["reason"] == "DeadlineExceeded"

@@ -409,6 +409,11 @@ class ProcessKubelet:
                 return f"{self.cluster_ip(namespace, service)}:{item['port']}"
         raise LookupError(f"service {namespace}/{service} has no port {port!r}")
 
+    def service_endpoints(self, namespace: str, service: str, port: str | int) -> list[str]:
+        """The endpoints kube-proxy forwards the Service port to now (readiness reaches
+        the proxy a tick after it reaches the Deployment's status)."""
+        return list(self._proxy.table.get(self.service_address(namespace, service, port), []))
+
     def pod_processes(self, namespace: str | None = None) -> list[int]:
         """Host PIDs of the running container launchers (of pods in `namespace`); each
         one's PID namespace holds all of that container's processes and dies with it."""
