@@ -82,6 +82,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, plane: DataPlane) -> None:
         self._plane = plane
+        self._known: set[str] = set()  # names checked once (a router serves one fixed name)
 
     async def ServerLive(  # noqa: N802 (gRPC method names; signature fixed by gRPC)
         self, _request: pb.ServerLiveRequest, _context: Any
@@ -122,8 +123,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: Any
     ) -> pb.ModelInferResponse:
         try:
-            if request.model_version:
+            # The name before the tensors: an unknown model is NOT_FOUND whatever it was sent.
+            if request.model_version or request.model_name not in self._known:
                 _check_version(self._plane, request.model_name, request.model_version)
+                self._known.add(request.model_name)
             infer_request = codec.request_from_proto(request)
             response = await self._plane.infer(infer_request)
             return codec.response_to_proto(

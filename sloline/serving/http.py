@@ -243,7 +243,8 @@ class _InferFirst:
 
 
 class _InferEndpoint:
-    """`POST .../infer` on raw ASGI: read the body, decode, infer, write the parts.
+    """`POST .../infer` on raw ASGI: check the model, read the body, decode, infer, write
+    the parts.
 
     Errors as everywhere else: an `InferenceError` is its status with `{"error": ...}`,
     anything unexpected is logged and answered 500.
@@ -252,6 +253,9 @@ class _InferEndpoint:
     def __init__(self, plane: DataPlane, max_body_bytes: int) -> None:
         self._plane = plane
         self._max_body_bytes = max_body_bytes
+        # Names the plane has answered metadata for: a router serves one fixed name, so
+        # the check costs a set lookup after the first request instead of a metadata build.
+        self._known: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -283,8 +287,11 @@ class _InferEndpoint:
 
     async def _answer(self, scope: Scope, receive: Receive) -> codec.RestBody:
         name, version = scope["path_params"]["name"], scope["path_params"].get("version", "")
-        if version:
+        # The name first: a request to a model that is not here is a 404 whatever its body
+        # holds, and its body is not worth reading.
+        if version or name not in self._known:
             _check_version(self._plane, name, version)
+            self._known.add(name)
         headers = dict(scope["headers"])
         encoding = headers.get(b"content-encoding", b"identity")
         if encoding != b"identity":

@@ -241,12 +241,13 @@ BAD_HTTP = [
     ("add_one", body(shape=[-1, 2]), 400, "negative dimension"),
     ("add_one", body(data=[1, "two"]), 400, 'non-numeric value "two"'),
     ("ghost", body(), 404, "unknown model 'ghost'"),
+    ("ghost", b'{"inputs": [', 404, "unknown model 'ghost'"),
     ("crash", body(), 500, "RuntimeError: boom in the model"),
     ("add_one", b"x" * (LIMIT_BYTES + 1), 413, "over the 1048576-byte limit"),
 ]
 
 
-@pytest.mark.parametrize("case", BAD_HTTP, ids=[case[3] for case in BAD_HTTP])
+@pytest.mark.parametrize("case", BAD_HTTP, ids=[f"{case[0]}: {case[3]}" for case in BAD_HTTP])
 def test_http_bad_requests_name_the_problem(
     raw: httpx.Client, http: httpclient.InferenceServerClient, case: tuple[str, bytes, int, str]
 ) -> None:
@@ -320,10 +321,19 @@ def grpc_input(datatype: str = "FP32", data: np.ndarray | None = None) -> grpccl
     return tensor
 
 
+def grpc_short_contents() -> grpcclient.InferInput:
+    """Two FP32 values under a shape that needs three: the tensor does not decode."""
+    tensor = grpc_input()
+    tensor.set_shape([1, 3])
+    return tensor
+
+
 BAD_GRPC = [
     ("add_one", lambda: grpc_input("INT32", np.ones((1, 2), np.int32)), "INVALID_ARGUMENT",
      "input 'x' must be FP32, got INT32"),
+    ("add_one", grpc_short_contents, "INVALID_ARGUMENT", "shape [1, 3]"),
     ("ghost", grpc_input, "NOT_FOUND", "unknown model 'ghost'"),
+    ("ghost", grpc_short_contents, "NOT_FOUND", "unknown model 'ghost'"),
     ("busy", grpc_input, "UNAVAILABLE", "queue of stage 'busy' is full (retry after 250 ms)"),
     ("crash", grpc_input, "INTERNAL", "RuntimeError: boom in the model"),
     ("add_one", lambda: grpc_input(data=np.zeros((1, LIMIT_BYTES // 4 + 1), np.float32)),
@@ -331,7 +341,7 @@ BAD_GRPC = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", BAD_GRPC, ids=[case[2] for case in BAD_GRPC])
+@pytest.mark.parametrize("case", BAD_GRPC, ids=[f"{case[0]}: {case[2]}" for case in BAD_GRPC])
 def test_grpc_bad_requests_name_the_problem(
     grpc_client: grpcclient.InferenceServerClient, case: tuple[str, Any, str, str]
 ) -> None:
