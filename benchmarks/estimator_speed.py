@@ -1,5 +1,9 @@
 """Estimator speed: one hour of a 3-stage pipeline at 100 rps (target: at most 1 s).
 
+Stage by stage (a profile with InferLine's per-hop constant), and as one simulation of the
+whole pipeline with a measured serving overhead (the router as one server, hop and
+request-path distributions, two shared cores), the way profiled pipelines are estimated.
+
 Also times one stage's queue loop compiled (numba, what the estimator runs) against the
 same loop in the fastest pure Python we found (bisect and heapq over Python floats), after
 checking that both give identical completion times — the measurement behind the choice of
@@ -15,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
+import functools
 import heapq
 import json
 import os
@@ -29,8 +35,9 @@ import numba
 import numpy as np
 
 from sloline.planner.config import StageConfig
-from sloline.planner.estimator import Workload, estimate, service_draws
-from sloline.planner.profile import PipelineProfile, StageProfile
+from sloline.planner.estimator import ServiceMode, Workload, estimate, service_draws
+from sloline.planner.overhead import ServingOverhead
+from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
 from sloline.planner.queueing import serve
 from sloline.planner.topology import Topology
 from sloline.planner.trace import gamma_arrivals
@@ -75,6 +82,38 @@ def pipeline() -> tuple[Topology, PipelineProfile, list[StageConfig]]:
     return Topology.chain(["pre", "resnet", "post"]), profile, config
 
 
+def served_profile(profile: PipelineProfile) -> PipelineProfile:
+    """The same pipeline with a serving overhead like the one measured on this machine
+    (docs/planner.md): router CPU ~1 ms per request and ~0.5 ms per batch, hop and
+    request-path samples, the workers' own CPU, two shared cores; each batch size gets 32
+    service samples around its latency, so every service mode applies."""
+    rng = np.random.default_rng(7)
+    stages = {}
+    for name, per_hw in profile.stages.items():
+        stages[name] = {
+            hw: StageProfile(
+                hw,
+                tuple(
+                    BatchLatency.from_samples(
+                        p.batch_size, (p.p50_s * rng.gamma(20.0, 0.05, 32)).tolist()
+                    )
+                    for p in stage.points
+                ),
+            )
+            for hw, stage in per_hw.items()
+        }
+    overhead = ServingOverhead(
+        router_request_cpu_s=0.001,
+        router_batch_cpu_s=0.0005,
+        router_item_cpu_s=0.00005,
+        worker_batch_cpu_s=0.0005,
+        hop_s=tuple(rng.gamma(2.0, 0.00015, 500)),
+        request_s=tuple(rng.gamma(3.0, 0.0002, 500)),
+        cores=2,
+    )
+    return dataclasses.replace(profile, stages=stages, overhead=overhead)
+
+
 def median_time_s(fn: Callable[[], object], repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -89,14 +128,34 @@ def measure(cv2: float, duration_s: float, repeats: int) -> list[dict[str, Any]]
     arrivals = gamma_arrivals(RATE_RPS, duration_s, cv2=cv2, seed=1)
     workload = Workload.build(topology, profile, arrivals)
     rows = []
-    for mode in ("p50", "exponential"):
+    stage_modes: tuple[ServiceMode, ...] = ("p50", "exponential")
+    for mode in stage_modes:
         result = estimate(topology, profile, config, workload, service=mode)
         seconds = median_time_s(
-            lambda m=mode: estimate(topology, profile, config, workload, service=m), repeats
+            functools.partial(estimate, topology, profile, config, workload, service=mode),
+            repeats,
         )
         rows.append(
             {
                 "what": f"estimate(), 3 stages, CV²={cv2:g}, service={mode}",
+                "queries": int(arrivals.size),
+                "stage_visits": sum(s.visits for s in result.stages),
+                "median_s": seconds,
+                "p99_latency_ms": result.percentile_s(99.0) * 1e3,
+            }
+        )
+    served = served_profile(profile)
+    served_modes: tuple[ServiceMode, ...] = ("p50", "samples")
+    for mode in served_modes:
+        result = estimate(topology, served, config, workload, service=mode)
+        seconds = median_time_s(
+            functools.partial(estimate, topology, served, config, workload, service=mode),
+            repeats,
+        )
+        rows.append(
+            {
+                "what": f"estimate(), 3 stages + router, hops, 2 shared cores, CV²={cv2:g}, "
+                f"service={mode}",
                 "queries": int(arrivals.size),
                 "stage_visits": sum(s.visits for s in result.stages),
                 "median_s": seconds,
