@@ -247,10 +247,10 @@ def _job_messages(ctx: OperatorContext, target: Target, task: ProfileTask) -> li
 
 
 def _harvest(
-    ctx: OperatorContext, target: Target, task: ProfileTask, state: str
+    results: list[tuple[int, str]], task: ProfileTask, state: str
 ) -> tuple[str | None, str | None]:
-    """(message, failure) of a finished Job: its profile message, or why it failed."""
-    results = _job_messages(ctx, target, task)
+    """(message, failure) of a finished Job from its pods' termination `results`: its
+    profile message, or why it failed."""
     if state == "succeeded":
         for code, text in results:
             if code == 0 and text:
@@ -264,7 +264,10 @@ def _harvest(
                         f"expected {task.stage!r} on {task.hardware!r}"
                     )
                 return text, None
-        return None, "the Job succeeded but no pod left a profile in its termination message"
+        seen = "; ".join(f"exit code {code}, {len(text)}-byte message" for code, text in results)
+        return None, (
+            f"the Job succeeded but no pod left a profile in its termination message ({seen})"
+        )
     reasons = [text for code, text in results if code != 0 and text]
     return None, reasons[-1] if reasons else "the Job failed (no termination message)"
 
@@ -299,7 +302,13 @@ def _collect(
         if state == "running":
             found.running.append(task)
             continue
-        message, failure = _harvest(ctx, target, task, state)
+        results = _job_messages(ctx, target, task)
+        if state == "succeeded" and not results:
+            # Its pods are gone (deleted or garbage-collected) with their messages: the
+            # Job is pruned below and measured again.
+            found.to_create.append(task)
+            continue
+        message, failure = _harvest(results, task, state)
         if message is not None:
             cache[task.key] = CacheEntry(message, dataflow)
         else:

@@ -369,6 +369,25 @@ def test_failed_profiling_job_fails_the_pipeline_with_its_message(cluster: KubeE
         assert kube.find("jobs", NS, job["metadata"]["name"]) is None  # retried on the next change
 
 
+def test_a_succeeded_job_whose_pods_are_gone_is_measured_again(cluster: KubeEmulator) -> None:
+    """A Job that reports success while none of its pods is left (garbage-collected, or
+    deleted by hand) has lost its message: the operator replaces it rather than failing."""
+    kube = cluster
+    with operator(kube, fast_settings()):
+        kube.create(noop_pipeline())
+        job = jobs(kube, 6)[0]
+        name, uid = job["metadata"]["name"], job["metadata"]["uid"]
+        done = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
+        kube.patch("jobs", NS, name, {"status": done}, subresource="status")
+        wait(
+            lambda: (kube.find("jobs", NS, name) or {"metadata": {"uid": uid}})["metadata"]["uid"]
+            != uid,
+            "a new Job in place of the one without pods",
+        )
+        assert conditions(kube)["Profiled"]["reason"] == "Profiling"
+        assert status(kube).get("phase") != "Failed"
+
+
 def test_kubectl_applies_the_example_and_reads_the_printer_columns(cluster: KubeEmulator) -> None:
     """`kubectl apply` the example manifest, the operator profiles, plans and deploys it,
     and kubectl reads the CRD's printer columns (the emulator serves no Table output, so
