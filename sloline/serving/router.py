@@ -380,7 +380,9 @@ class Router:
         self.workers[conn.id] = conn
         queue = self.queues[conn.stage]
         self._perform(queue, queue.add_worker(conn.id, self.clock()))
-        log.info("worker %s (pid %d) joined stage %s", conn.id, conn.pid, conn.stage)
+        # DEBUG: `sloline run`'s status table and `sloline_stage_replicas` show who is
+        # connected, and the profiler's stand-in workers are no business of the user's.
+        log.debug("worker %s (pid %d) joined stage %s", conn.id, conn.pid, conn.stage)
         return conn
 
     def detach(self, conn: WorkerConn) -> None:
