@@ -213,6 +213,7 @@ class EmbeddedPipeline:
         return Tuner(
             stages=stages,
             planning_envelope=plan.envelope,
+            planning_rate_rps=plan.rate_rps,
             source=StreamingSource(self.envelope, lookback_s=settings.envelope_lookback_s),
             actuator=Actuator(),
             settings=settings,

@@ -193,6 +193,7 @@ class TunerDaemon:
         self._tuner = Tuner(
             stages=stages,
             planning_envelope=plan.envelope,
+            planning_rate_rps=plan.rate_rps,
             source=source,
             actuator=actuator,
             settings=settings,

@@ -3,18 +3,26 @@
 The tuner keeps the pipeline provisioned for the live arrival process between plans.
 :func:`decide` takes a frozen :class:`TunerContext` (the time ``now_s``, every stage's
 replica counts and tuning parameters from the plan, the planning and observed traffic
-envelopes, recent arrival rates, the time of the last scaling change) plus
-:class:`TunerSettings` and returns the scaling decisions and the new last-change time. It
-does no I/O and reads no clock, so the live loop (:class:`sloline.tuner.sources.Tuner`)
-and a simulator with simulated time call the very same function.
+envelopes, the planning trace's mean rate, recent arrival rates, the time of the last
+scaling change) plus :class:`TunerSettings` and returns the scaling decisions and the new
+last-change time. It does no I/O and reads no clock, so the live loop
+(:class:`sloline.tuner.sources.Tuner`) and a simulator with simulated time call the very
+same function.
 
-- **Scale up, Algorithm 3.** If the observed envelope exceeds the planning envelope at any
-  window, r_max is the largest such observed rate and every stage gets
-  k_m = ceil(r_max · s_m / (mu_m · rho_m)) replicas if it has fewer.
+- **Scale up, Algorithm 3.** Every stage gets k_m = ceil(r · s_m / (mu_m · rho_m))
+  replicas if it has fewer, with r the load the observed envelope shows
+  (:func:`estimate_load`).
 - **Scale down, Algorithm 4.** Only once more than ``stabilization_s`` (15 s) has passed
-  since the last change: λ_new is the max rate of the 5 s windows of the last 30 s and
-  every stage keeps k_m = ceil(λ_new · s_m / (mu_m · rho_min)) replicas, with rho_min the
-  smallest rho_m of the pipeline.
+  since the last change: every stage keeps k_m = ceil(λ_new · s_m / (mu_m · rho_min))
+  replicas, λ_new read from the largest 5 s rate of the last 30 s, rho_min the smallest
+  rho_m of the pipeline.
+- **Which r and λ_new** (:mod:`sloline.tuner.load`). §5 takes r = r_max, the largest
+  observed rate among the windows that exceed the planning envelope, and compares it
+  with rho_m, a utilisation at the planning trace's *mean* rate: a short-window peak is
+  provisioned as if it were a sustained mean. By default r is instead the mean rate a
+  stream with the planning trace's burstiness would need to reach the observed envelope
+  (a Gaussian envelope read window by window), and λ_new likewise; ``literal=True``
+  gives §5's reading, kept for comparison.
 - A stage the planner left at its replica floor (a cheap parser at 1 replica) has a tiny
   rho_m that expresses no chosen slack; taken literally it makes Alg. 3 scale that stage
   in proportion to the rate and Alg. 4's rho_min ~ 0 blocks every scale-down. Such a
@@ -25,6 +33,9 @@ Choices where §5 is silent or loose (also in docs/tuner.md):
 
 - Replica counts compare against the *desired* count: replicas still starting are already
   paid for and will serve, so counting only ready ones would scale up twice.
+- Alg. 3 scales a stage up whenever it has fewer replicas than the load demands, not only
+  when the observed envelope exceeds the planning one: after Alg. 4 went below the plan,
+  traffic that comes back towards the planned rate is provisioned for again.
 - Any change, up or down, restarts the stabilisation delay (the §5 text says "after any
   configuration changes"; Alg. 4's pseudo-code only shows scale-up setting LastUpdate).
   At most one decision per stage per tick; a tick with a scale-up does no scale-down.
@@ -45,20 +56,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sloline.tuner.envelope import Envelope, window_sizes
+from sloline.tuner.load import (
+    Exceedance,
+    LoadEstimate,
+    exceedances,
+    gaussian_load,
+    literal_load,
+)
 
 __all__ = [
     "Decision",
     "Exceedance",
+    "LoadEstimate",
     "StageState",
     "TunerContext",
     "TunerOutcome",
     "TunerSettings",
     "decide",
+    "effective_rhos",
+    "estimate_load",
     "exceedances",
     "replicas_for_rate",
     "scale_down",
     "scale_up",
 ]
+
+_CEIL_TOL = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +126,10 @@ class TunerSettings:
     stabilization_s: float = 15.0
     lambda_lookback_s: float = 30.0
     lambda_window_s: float = 5.0
-    envelope_lookback_s: float = 60.0
-    """How far back the observed envelope looks (the router's and Prometheus' look-back)."""
+    envelope_lookback_s: float = 30.0
+    """How far back the observed envelope looks (the router's and Prometheus' look-back).
+    As long as Alg. 4's λ look-back, so that Alg. 3's demand, which holds Alg. 4 back,
+    forgets a burst when λ_new does."""
     interval_s: float = 1.0
     """How often the live loop calls :func:`decide`."""
     scale_up_enabled: bool = True
@@ -152,6 +177,9 @@ class TunerContext:
     """Arrival rates of the recent λ windows (5 s each over the last 30 s), any order."""
     last_change_s: float
     """When replicas last changed; deploying the plan counts as a change."""
+    planning_rate_rps: float | None = None
+    """λ, the planning trace's mean rate (the plan's ``rate_rps``, at which rho_m is
+    defined); None: the planning envelope's largest-window rate stands in for it."""
 
     def __post_init__(self) -> None:
         names = [stage.name for stage in self.stages]
@@ -159,6 +187,16 @@ class TunerContext:
             raise ValueError(f"stage names must be unique, got {names}")
         if any(not (math.isfinite(r) and r >= 0.0) for r in self.recent_lambdas_rps):
             raise ValueError(f"arrival rates must be finite and >= 0: {self.recent_lambdas_rps}")
+        rate = self.planning_rate_rps
+        if rate is not None and not (math.isfinite(rate) and rate >= 0.0):
+            raise ValueError(f"planning rate must be finite and >= 0 rps, got {rate!r}")
+
+    @property
+    def planned_rate_rps(self) -> float:
+        """λ: ``planning_rate_rps``, else the planning envelope's largest-window rate."""
+        if self.planning_rate_rps is not None:
+            return self.planning_rate_rps
+        return self.planning_envelope.rates_rps[-1] if self.planning_envelope.rates_rps else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,44 +222,15 @@ class TunerOutcome:
     last_change_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class Exceedance:
-    """A window where the observed envelope exceeds the planning envelope (Alg. 3 l. 5)."""
-
-    window_s: float
-    observed_rps: float
-    planned_rps: float
-
-
 def replicas_for_rate(
     rate_rps: float, scale_factor: float, throughput_rps: float, ratio: float
 ) -> int:
-    """k_m = ceil(rate · s_m / (mu_m · rho)) — Alg. 3 lines 9-10 and Alg. 4 lines 5-6."""
-    return math.ceil(rate_rps * scale_factor / (throughput_rps * ratio))
+    """k_m = ceil(rate · s_m / (mu_m · rho)) — Alg. 3 lines 9-10 and Alg. 4 lines 5-6.
 
-
-def exceedances(planning: Envelope, observed: Envelope) -> tuple[Exceedance, ...]:
-    """Windows where the observed rate exceeds the planned one (Alg. 3 lines 3-6).
-
-    Windows are matched by size; a window present in only one envelope is skipped. If the
-    two share no window at all, the router and the plan disagree on T_s: that is an error.
-    """
-    found: list[Exceedance] = []
-    matched = 0
-    for window, planned in zip(planning.windows_s, planning.rates_rps, strict=True):
-        observed_rps = observed.rate_at(window)
-        if observed_rps is None:
-            continue
-        matched += 1
-        if observed_rps > planned:
-            found.append(Exceedance(window, observed_rps, planned))
-    if matched == 0 and planning.windows_s and observed.windows_s:
-        raise ValueError(
-            f"observed envelope windows {observed.windows_s} share no size with the planning "
-            f"envelope windows {planning.windows_s}; export the router's envelope with the "
-            "plan's window base T_s (window_sizes(T_s))"
-        )
-    return tuple(found)
+    The ceiling forgives a relative 1e-9: the planner computes rho_m = λ·s_m /
+    (replicas·mu_m), so the planned rate must give back the planned replicas exactly,
+    not one more from rounding."""
+    return math.ceil(rate_rps * scale_factor / (throughput_rps * ratio) * (1.0 - _CEIL_TOL))
 
 
 def _has_traffic(ctx: TunerContext) -> bool:
@@ -234,39 +243,55 @@ def _clamp(replicas: int, stage: StageState) -> int:
     return min(max(replicas, stage.min_replicas), stage.max_replicas)
 
 
-def _up_demand(stage: StageState, r_max: float) -> int:
+def _up_demand(stage: StageState, rate_rps: float) -> int:
     return replicas_for_rate(
-        r_max, stage.scale_factor, stage.throughput_rps, stage.max_provisioning_ratio
+        rate_rps, stage.scale_factor, stage.throughput_rps, stage.max_provisioning_ratio
     )
 
 
-def scale_up(ctx: TunerContext, settings: TunerSettings) -> tuple[Decision, ...]:
-    """Algorithm 3 (reactive scale-up), plus bound corrections and wake-up from zero."""
-    over = exceedances(ctx.planning_envelope, ctx.observed_envelope)
-    triggered = settings.scale_up_enabled and bool(over)
-    r_max = max((e.observed_rps for e in over), default=0.0)
-    trigger_text = ""
-    if triggered:
-        worst = max(over, key=lambda e: e.observed_rps)
-        listed = ", ".join(
-            f"{e.window_s:g} s ({e.observed_rps:.6g} > {e.planned_rps:.6g} rps)" for e in over
+def estimate_load(
+    ctx: TunerContext, settings: TunerSettings, *, literal: bool = False
+) -> LoadEstimate:
+    """The rates Algorithms 3 and 4 provision for (:mod:`sloline.tuner.load`): by default
+    the equivalent mean rates of the observed envelope and of λ_new under the planning
+    trace's burstiness; ``literal`` gives §5's r_max and raw λ_new."""
+    if literal:
+        return literal_load(
+            ctx.planning_envelope,
+            ctx.observed_envelope,
+            ctx.recent_lambdas_rps,
+            lambda_window_s=settings.lambda_window_s,
+            lambda_count=settings.lambda_count,
         )
-        trigger_text = (
-            f"observed envelope exceeds the plan at window(s) {listed}; "
-            f"r_max={r_max:.6g} rps at window {worst.window_s:g} s; "
-        )
+    return gaussian_load(
+        ctx.planning_envelope,
+        ctx.planned_rate_rps,
+        ctx.observed_envelope,
+        ctx.recent_lambdas_rps,
+        lambda_window_s=settings.lambda_window_s,
+        lambda_count=settings.lambda_count,
+        max_window_s=settings.envelope_lookback_s,
+    )
+
+
+def scale_up(
+    ctx: TunerContext, settings: TunerSettings, load: LoadEstimate
+) -> tuple[Decision, ...]:
+    """Algorithm 3 (reactive scale-up) for ``load``, plus bound corrections and wake-up
+    from zero."""
+    rate = load.up_rps
     wake = _has_traffic(ctx)
     decisions: list[Decision] = []
     for stage in ctx.stages:
         current = stage.desired_replicas
         why: list[str] = []
         want = current
-        if triggered:
-            k_m = _up_demand(stage, r_max)
+        if settings.scale_up_enabled and rate > 0.0:
+            k_m = _up_demand(stage, rate)
             if k_m > current:
                 want = k_m
                 why.append(
-                    f"scale up (Alg. 3): {trigger_text}k_m=ceil({r_max:.6g}*"
+                    f"scale up (Alg. 3): {load.up_reason}; k_m=ceil({rate:.6g}*"
                     f"{stage.scale_factor:g}/({stage.throughput_rps:.6g}*"
                     f"{stage.max_provisioning_ratio:g}))={k_m}"
                 )
@@ -300,8 +325,11 @@ def effective_rhos(rhos: Sequence[float], at_floor: Sequence[bool]) -> list[floa
     return [max(r, reference) if floor else r for r, floor in zip(rhos, at_floor, strict=True)]
 
 
-def scale_down(ctx: TunerContext, settings: TunerSettings) -> tuple[Decision, ...]:
-    """Algorithm 4 (conservative scale-down with rho_min), plus max-bound corrections."""
+def scale_down(
+    ctx: TunerContext, settings: TunerSettings, load: LoadEstimate
+) -> tuple[Decision, ...]:
+    """Algorithm 4 (conservative scale-down with rho_min) for ``load``, plus max-bound
+    corrections."""
     decisions = [
         Decision(
             stage.name,
@@ -316,29 +344,27 @@ def scale_down(ctx: TunerContext, settings: TunerSettings) -> tuple[Decision, ..
     if decisions:
         return tuple(decisions)
     since_s = ctx.now_s - ctx.last_change_s
+    lambda_new = load.down_rps
     if (
         not settings.scale_down_enabled
         or not ctx.stages
         or not since_s > settings.stabilization_s
-        or len(ctx.recent_lambdas_rps) < settings.lambda_count
+        or lambda_new is None
     ):
         return ()
-    lambda_new = max(ctx.recent_lambdas_rps)
     rho_stage = min(ctx.stages, key=lambda s: s.max_provisioning_ratio)
     rho_min = rho_stage.max_provisioning_ratio
-    over = exceedances(ctx.planning_envelope, ctx.observed_envelope)
-    r_max = max((e.observed_rps for e in over), default=0.0)
-    hold = settings.scale_up_enabled and settings.down_respects_up_demand and bool(over)
+    hold = settings.scale_up_enabled and settings.down_respects_up_demand
     for stage in ctx.stages:
         current = stage.desired_replicas
         k_m = replicas_for_rate(lambda_new, stage.scale_factor, stage.throughput_rps, rho_min)
-        floor = _up_demand(stage, r_max) if hold else 0
+        floor = _up_demand(stage, load.up_rps) if hold else 0
         target = _clamp(max(k_m, floor), stage)
         if target >= current:
             continue
         notes = ""
         if floor > k_m and target == _clamp(floor, stage):
-            notes += f"; held at Alg. 3 demand {floor} for r_max={r_max:.6g} rps"
+            notes += f"; held at Alg. 3 demand {floor} for {load.up_rps:.6g} rps"
         if target > max(k_m, floor):
             notes += f"; clamped to min_replicas={stage.min_replicas}"
         decisions.append(
@@ -347,8 +373,7 @@ def scale_down(ctx: TunerContext, settings: TunerSettings) -> tuple[Decision, ..
                 current,
                 target,
                 f"scale down (Alg. 4): {since_s:.6g} s since last change > "
-                f"{settings.stabilization_s:g} s; lambda_new={lambda_new:.6g} rps (max of "
-                f"{len(ctx.recent_lambdas_rps)} windows of {settings.lambda_window_s:g} s); "
+                f"{settings.stabilization_s:g} s; {load.down_reason}; "
                 f"rho_min={rho_min:g} (stage {rho_stage.name!r}); k_m=ceil({lambda_new:.6g}*"
                 f"{stage.scale_factor:g}/({stage.throughput_rps:.6g}*{rho_min:g}))={k_m}"
                 f"{notes}; desired {current} (ready {stage.ready_replicas}) -> {target}",
@@ -357,11 +382,14 @@ def scale_down(ctx: TunerContext, settings: TunerSettings) -> tuple[Decision, ..
     return tuple(decisions)
 
 
-def decide(ctx: TunerContext, settings: TunerSettings) -> TunerOutcome:
+def decide(
+    ctx: TunerContext, settings: TunerSettings, load: LoadEstimate | None = None
+) -> TunerOutcome:
     """One tuning tick (§5): Algorithm 3, then Algorithm 4 if nothing scaled up.
 
-    Returns the decisions (at most one per stage) and the last-change time, which is
-    ``ctx.now_s`` if anything changed.
+    ``load`` defaults to :func:`estimate_load` of ``ctx``. Returns the decisions (at most
+    one per stage) and the last-change time, which is ``ctx.now_s`` if anything changed.
     """
-    decisions = scale_up(ctx, settings) or scale_down(ctx, settings)
+    load = load or estimate_load(ctx, settings)
+    decisions = scale_up(ctx, settings, load) or scale_down(ctx, settings, load)
     return TunerOutcome(decisions, ctx.now_s if decisions else ctx.last_change_s)

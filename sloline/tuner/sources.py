@@ -297,6 +297,7 @@ class Tuner:
         *,
         stages: Sequence[StageTuning],
         planning_envelope: Envelope,
+        planning_rate_rps: float | None = None,
         source: MetricSource,
         actuator: Actuator,
         settings: TunerSettings,
@@ -307,6 +308,7 @@ class Tuner:
     ) -> None:
         self._stages = tuple(stages)
         self._planning = planning_envelope
+        self._planning_rate_rps = planning_rate_rps
         self._source = source
         self._actuator = actuator
         self._settings = settings
@@ -342,6 +344,7 @@ class Tuner:
             observed_envelope=observation.observed_envelope,
             recent_lambdas_rps=observation.recent_lambdas_rps,
             last_change_s=self.last_change_s,
+            planning_rate_rps=self._planning_rate_rps,
         )
         outcome = decide(context, self._settings)
         for decision in outcome.decisions:

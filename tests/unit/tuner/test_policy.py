@@ -1,4 +1,7 @@
-"""The pure tuning policy: InferLine Algorithms 3 (scale up) and 4 (scale down), §5."""
+"""The pure tuning policy: InferLine Algorithms 3 (scale up) and 4 (scale down), §5.
+
+Tests of §5's literal rates (r_max, raw λ_new) go through :func:`literal`; the default
+load estimate (:mod:`sloline.tuner.load`) has its own tests below them."""
 
 from __future__ import annotations
 
@@ -13,8 +16,10 @@ from sloline.tuner.envelope import Envelope, window_sizes
 from sloline.tuner.policy import (
     StageState,
     TunerContext,
+    TunerOutcome,
     TunerSettings,
     decide,
+    estimate_load,
     exceedances,
     replicas_for_rate,
 )
@@ -60,6 +65,11 @@ def context(
     )
 
 
+def literal(ctx: TunerContext, settings: TunerSettings = SETTINGS) -> TunerOutcome:
+    """``decide`` on §5's literal rates."""
+    return decide(ctx, settings, estimate_load(ctx, settings, literal=True))
+
+
 def test_burst_at_small_window_with_unchanged_mean_scales_up() -> None:
     smooth = np.arange(0.0, 64.0, 0.05)  # 20 rps, evenly spaced
     bursty = np.repeat(np.arange(0.0, 64.0, 1.0), 20) + np.tile(np.arange(20) * 1e-3, 64)
@@ -71,7 +81,7 @@ def test_burst_at_small_window_with_unchanged_mean_scales_up() -> None:
     r_max = max(e.observed_rps for e in over)
     assert r_max == 20 / 0.25
 
-    outcome = decide(context(planning=planning, observed=observed, now=3.0), SETTINGS)
+    outcome = literal(context(planning=planning, observed=observed, now=3.0))
 
     (decision,) = outcome.decisions
     assert decision.to_replicas == math.ceil(80.0 * 1.0 / (10.0 * 0.5)) == 16
@@ -91,7 +101,7 @@ def test_rate_ramp_exceeds_only_large_windows_and_scales_up() -> None:
     assert [e.window_s for e in over] == [1.0, 2.0, 4.0, 8.0]  # not 0.25 s, 0.5 s
     r_max = max(e.observed_rps for e in over)
 
-    (decision,) = decide(context(planning=planning, observed=observed), SETTINGS).decisions
+    (decision,) = literal(context(planning=planning, observed=observed)).decisions
 
     assert decision.to_replicas == math.ceil(r_max * 1.0 / (10.0 * 0.5))
     assert decision.to_replicas > 2
@@ -102,7 +112,7 @@ def test_r_max_only_counts_windows_that_exceed_their_plan() -> None:
     observed = Envelope((1.0, 2.0), (100.0, 50.0))  # 100 is high but within its plan
     a = stage("a", desired=1, s=0.5, mu=7.0, rho=0.6)
     b = stage("b", desired=1, s=1.0, mu=3.0, rho=0.9)
-    outcome = decide(context(a, b, planning=planning, observed=observed), SETTINGS)
+    outcome = literal(context(a, b, planning=planning, observed=observed))
     assert {d.stage: d.to_replicas for d in outcome.decisions} == {
         "a": math.ceil(50.0 * 0.5 / (7.0 * 0.6)),
         "b": math.ceil(50.0 * 1.0 / (3.0 * 0.9)),
@@ -120,11 +130,14 @@ def test_r_max_only_counts_windows_that_exceed_their_plan() -> None:
 def test_k_m_is_algorithm_3_exactly(
     r: float, s: float, mu: float, rho: float, desired: int
 ) -> None:
-    assert replicas_for_rate(r, s, mu, rho) == math.ceil(r * s / (mu * rho))
+    exact = r * s / (mu * rho)
+    k_m = replicas_for_rate(r, s, mu, rho)
+    # ceil, forgiving only float noise: k_m - 1 < exact <= k_m within a relative 1e-9
+    assert k_m - 1 < exact <= k_m * (1 + 1e-9)
+    assert (k_m >= 1) == (exact > 0)
     one = stage(desired=desired, lo=0, hi=10**9, s=s, mu=mu, rho=rho)
     ctx = context(one, planning=Envelope((1.0,), (r / 2,)), observed=Envelope((1.0,), (r,)))
-    k_m = math.ceil(r * s / (mu * rho))
-    ups = [d for d in decide(ctx, SETTINGS).decisions if d.is_scale_up]
+    ups = [d for d in literal(ctx).decisions if d.is_scale_up]
     expected = max(k_m, 1 if desired == 0 and s > 0 else 0)
     assert [d.to_replicas for d in ups] == ([expected] if expected > desired else [])
 
@@ -145,9 +158,9 @@ def test_scale_down_waits_for_stabilisation_and_uses_rho_min() -> None:
     b = stage("b", desired=12, s=0.5, mu=4.0, rho=0.4)
     lambdas = (12.0, 30.0, 8.0, 9.0, 10.0, 11.0)
     early = context(a, b, lambdas=lambdas, now=15.0, last_change=0.0)
-    assert decide(early, SETTINGS).decisions == ()  # 15 s is not > 15 s
+    assert literal(early).decisions == ()  # 15 s is not > 15 s
 
-    outcome = decide(context(a, b, lambdas=lambdas, now=15.5, last_change=0.0), SETTINGS)
+    outcome = literal(context(a, b, lambdas=lambdas, now=15.5, last_change=0.0))
 
     assert {d.stage: d.to_replicas for d in outcome.decisions} == {
         "a": math.ceil(30.0 * 1.0 / (10.0 * 0.4)),  # rho_min = 0.4, not a's own 0.8
@@ -181,7 +194,7 @@ def test_scale_down_is_clamped_to_min_and_can_reach_zero_without_traffic() -> No
     idle = context(stage(desired=2, lo=0), observed=flat(0.0), lambdas=(0.0,) * 6)
     (d,) = decide(idle, SETTINGS).decisions
     assert d.to_replicas == 0
-    busy = context(stage(desired=1, lo=0), lambdas=(0.0,) * 5 + (0.01,))
+    busy = context(stage(desired=1, lo=0), observed=flat(0.01), lambdas=(0.0,) * 5 + (0.01,))
     assert decide(busy, SETTINGS).decisions == ()  # traffic keeps k_m >= 1
 
 
@@ -189,10 +202,16 @@ def test_stage_at_zero_wakes_up_on_any_arrival() -> None:
     asleep = stage(desired=0, lo=0)
     quiet = context(asleep, observed=flat(0.0), lambdas=(0.0,) * 6)
     assert decide(quiet, SETTINGS).decisions == ()
-    trickle = Envelope(WINDOWS, (4.0,) + (0.0,) * (len(WINDOWS) - 1))
-    (d,) = decide(context(asleep, observed=trickle, lambdas=()), SETTINGS).decisions
-    assert (d.from_replicas, d.to_replicas) == (0, 1)
-    assert "wake up" in d.reason
+    trickle = context(asleep, observed=Envelope(WINDOWS, (4.0,) + (0.0,) * 5), lambdas=())
+    # below the plan: §5's Alg. 3 does not fire, the wake-up does
+    (d,) = literal(trickle).decisions
+    assert (d.from_replicas, d.to_replicas, "wake up" in d.reason) == (0, 1, True)
+    # the default load estimate demands k_m = ceil(4/(10*0.5)) = 1 itself
+    (d,) = decide(trickle, SETTINGS).decisions
+    assert (d.to_replicas, "scale up (Alg. 3)" in d.reason) == (1, True)
+    up_off = TunerSettings(0.25, 8.0, scale_up_enabled=False)
+    (d,) = decide(trickle, up_off).decisions
+    assert (d.to_replicas, "wake up" in d.reason) == (1, True)
 
 
 def test_out_of_bounds_desired_is_corrected_at_once() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import threading
 from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from sloline.tuner.envelope import Envelope, StreamingEnvelope, window_label, window_sizes
+from sloline.tuner.load import equivalent_rate, fluctuations
 from sloline.tuner.policy import TunerSettings
 from sloline.tuner.sources import (
     Observation,
@@ -174,9 +176,13 @@ async def test_tuner_scales_up_on_burst_then_down_after_stabilisation(
     clock = Clock(0.0)
     envelope = StreamingEnvelope(WINDOWS, start_s=0.0)
     actuator = FakeActuator({"a": 2})
+    # planned: 10 rps, peaking at 12 rps in 0.25 s windows; 2 replicas (rho = 10/(2*10))
+    planning = Envelope(WINDOWS, (12.0,) + (10.0,) * (len(WINDOWS) - 1))
+    c = fluctuations(planning, 10.0)[0]
     tuner = Tuner(
         stages=[StageTuning("a", 1, 50, 1.0, 10.0, 0.5)],
-        planning_envelope=Envelope(WINDOWS, (40.0,) * len(WINDOWS)),
+        planning_envelope=planning,
+        planning_rate_rps=10.0,
         source=StreamingSource(envelope),
         actuator=actuator,
         settings=TunerSettings(window_base_s=0.25, window_max_s=8.0),
@@ -190,9 +196,11 @@ async def test_tuner_scales_up_on_burst_then_down_after_stabilisation(
     clock.now = 10.5
     with caplog.at_level(logging.INFO, logger="sloline.tuner.sources"):
         outcome = await tuner.step()
-    assert actuator.calls == [("a", 26)]  # desired 2, ready 0: compared with desired
+    load = equivalent_rate(32.0, c, 0.25)  # 121 rps: the 10 rps stream scaled to 32 in 0.25 s
+    k_m = math.ceil(load / (10.0 * 0.5))
+    assert actuator.calls == [("a", k_m)] and k_m == 25  # desired 2, ready 0: vs desired
     assert tuner.last_change_s == 10.5
-    assert "r_max=128 rps at window 0.25 s; k_m=ceil(128*1/(10*0.5))=26" in caplog.text
+    assert f"k_m=ceil({load:.6g}*1/(10*0.5))=25" in caplog.text
     assert outcome.decisions[0].reason in caplog.text
 
     envelope.observe_many(np.arange(10.5, 100.0, 1.0))  # then 1 rps, burst long gone
