@@ -152,6 +152,7 @@ class SimulationReport:
         replicas per stage (left) and rolling tail latency against the SLO (right)."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
+        from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
@@ -186,6 +187,9 @@ class SimulationReport:
                 right.plot(r.run.ticks_s, r.rolling_tail_s * 1e3, lw=0.7, color="C3")
                 right.axhline(self.slo_s * 1e3, color="k", ls="--", lw=0.7)
                 right.set_yscale("log")
+                right.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+                right.yaxis.set_major_formatter(ScalarFormatter())
+                right.yaxis.set_minor_formatter(NullFormatter())
                 right.set_ylabel(f"rolling P{self.percentile:g} (ms)")
                 for change in trace.changes_s:
                     left.axvline(change, color="0.6", lw=0.5, ls=":")

@@ -10,10 +10,9 @@ the event simulation of :mod:`sloline.tuner.engine`, with a 5 s replica activati
 - ``oracle``: the planner run on the whole live trace — static, the cheapest plan that
   meets the SLO with full knowledge of the load (Fig. 11's oracle);
 - ``inferline``: the plan, tuned every tick by :func:`sloline.tuner.policy.decide`
-  (Algorithms 3 and 4) on the streaming envelope of the arrivals so far;
-- ``inferline-relative``: the same ``decide`` with its inputs re-parameterised, an
-  extension candidate (docs/tuner.md, "Closed-loop simulation"): Algorithm 3 scales by the
-  ratio of the observed to the planned envelope, Algorithm 4 by each stage's own rho_m;
+  (Algorithms 3 and 4) on the streaming envelope of the arrivals so far, as the live loop;
+- ``inferline-paper``: the same ``decide`` fed §5's literal rates (r_max, raw λ_new;
+  :func:`sloline.tuner.policy.estimate_load` with ``literal=True``), for comparison;
 - ``cg-autoscale``: InferLine's coarse-grained baseline (§6): the CG-Mean configuration
   (whole pipeline as one unit), tuned by AutoScale;
 - ``hpa``, ``ray-serve``, ``knative-kpa``: the plan, each stage scaled by that system's
@@ -54,7 +53,6 @@ from sloline.tuner.baselines import (
     ray_step,
 )
 from sloline.tuner.engine import EngineSettings, run_closed_loop
-from sloline.tuner.envelope import Envelope
 from sloline.tuner.loop import Observation, Policy, Targets
 from sloline.tuner.policy import (
     StageState,
@@ -62,6 +60,7 @@ from sloline.tuner.policy import (
     TunerSettings,
     decide,
     effective_rhos,
+    estimate_load,
 )
 from sloline.tuner.report import PolicyResult, SimulationReport, recovery_times, rolling_tail
 from sloline.tuner.traces import Trace
@@ -78,7 +77,7 @@ POLICIES = (
     "plan",
     "oracle",
     "inferline",
-    "inferline-relative",
+    "inferline-paper",
     "cg-autoscale",
     "hpa",
     "ray-serve",
@@ -92,7 +91,9 @@ class SimulationSettings:
     """Simulation constants (InferLine §5 defaults) and every baseline's settings.
 
     ``tuner`` None derives the InferLine tuner's settings from the plan (window base T_s
-    and largest window of the plan's envelope, one decision per tick); ``packing_factor``
+    and largest window of the plan's envelope, one decision per tick, every other field
+    at its default); the engine observes the envelope and λ windows as the tuner's
+    settings say, for every policy; ``packing_factor``
     None profiles AutoScale's p with :func:`sloline.tuner.baselines.packing_factor`.
     Baselines' replica bounds are replaced by each stage's bounds from the problem.
     """
@@ -112,46 +113,25 @@ def _config(plan: Plan) -> tuple[StageConfig, ...]:
     return tuple(StageConfig(s.hardware, s.max_batch, s.replicas) for s in plan.stages)
 
 
-def _inferline(
-    problem: PlanningProblem, plan: Plan, settings: TunerSettings, *, relative: bool
-) -> Policy:
-    """The InferLine tuner: :func:`~sloline.tuner.policy.decide` every tick.
+def _tuner_settings(plan: Plan, settings: SimulationSettings) -> TunerSettings:
+    windows = plan.envelope.windows_s
+    return settings.tuner or TunerSettings(
+        window_base_s=windows[0], window_max_s=windows[-1], interval_s=settings.tick_s
+    )
 
-    Stages get the effective rho_m the live loop gives them
-    (:func:`~sloline.tuner.policy.effective_rhos`). ``relative`` re-parameterises the
-    context (``decide`` itself is unchanged) so that Algorithm 3 scales by the envelope
-    *ratio* and Algorithm 4 by each stage's own rho_m: every window's observed rate is
-    expressed as ``λ_plan · r_obs / r_plan`` against a flat planning envelope at ``λ_plan``
-    (then ``k_m = ceil(λ_plan · max_i(r_obs_i / r_plan_i) · s_m / (mu_m · rho_m))``, i.e.
-    the planned replicas times the ratio for a stage at its planned rho), and every stage
-    gets ``rho' = min rho`` with ``s'_m = s_m · rho' / rho_m`` (so Alg. 3's ``s'/rho'``
-    and Alg. 4's ``s'/rho_min`` both equal ``s_m / rho_m``)."""
+
+def _inferline(
+    problem: PlanningProblem, plan: Plan, settings: TunerSettings, *, literal: bool
+) -> Policy:
+    """The InferLine tuner: :func:`~sloline.tuner.policy.decide` every tick, on stages
+    with the effective rho_m the live loop gives them
+    (:func:`~sloline.tuner.policy.effective_rhos`, as :func:`sloline.tuner.sources.
+    stage_tunings`); ``literal`` feeds it §5's rates instead of the default estimate."""
     bounds = [problem.replica_bounds(s.name) for s in plan.stages]
-    # As the live loop builds them (sloline.embedded): stages at their replica floor get an
-    # effective rho.
     rhos = effective_rhos(
         [s.rho for s in plan.stages],
         [s.replicas <= lo for s, (lo, _) in zip(plan.stages, bounds, strict=True)],
     )
-    rho_ref = min(rhos)
-    planning = plan.envelope
-    if relative:
-        planning = Envelope(plan.envelope.windows_s, (plan.rate_rps,) * len(planning.windows_s))
-    params = [
-        (s.scale_factor * rho_ref / rho, rho_ref) if relative else (s.scale_factor, rho)
-        for s, rho in zip(plan.stages, rhos, strict=True)
-    ]
-
-    def observed(envelope: Envelope) -> Envelope:
-        if not relative:
-            return envelope
-        return Envelope(
-            envelope.windows_s,
-            tuple(
-                plan.rate_rps * r / max(p, 1e-12)
-                for r, p in zip(envelope.rates_rps, plan.envelope.rates_rps, strict=True)
-            ),
-        )
 
     def step(observation: Observation, last_change_s: float) -> tuple[Targets, float]:
         assert observation.envelope is not None  # the engine feeds the plan's windows
@@ -164,27 +144,29 @@ def _inferline(
                     ready_replicas=view.ready,
                     min_replicas=lo,
                     max_replicas=hi,
-                    scale_factor=s_m,
+                    scale_factor=s.scale_factor,
                     throughput_rps=s.throughput_rps,
                     max_provisioning_ratio=rho,
                 )
-                for s, view, (lo, hi), (s_m, rho) in zip(
-                    plan.stages, observation.stages, bounds, params, strict=True
+                for s, view, (lo, hi), rho in zip(
+                    plan.stages, observation.stages, bounds, rhos, strict=True
                 )
             ),
-            planning_envelope=planning,
-            observed_envelope=observed(observation.envelope),
+            planning_envelope=plan.envelope,
+            observed_envelope=observation.envelope,
             recent_lambdas_rps=observation.lambdas_rps,
             last_change_s=last_change_s,
+            planning_rate_rps=plan.rate_rps,
         )
-        outcome = decide(context, settings)
+        load = estimate_load(context, settings, literal=literal)
+        outcome = decide(context, settings, load)
         targets = {d.stage: d.to_replicas for d in outcome.decisions}
         return (
             tuple(targets.get(v.name, v.desired) for v in observation.stages),
             outcome.last_change_s,
         )
 
-    name = "inferline-relative" if relative else "inferline"
+    name = "inferline-paper" if literal else "inferline"
     return Policy(name, _config(plan), step, 0.0, settings.windows_s)
 
 
@@ -251,12 +233,9 @@ def build_policy(
     if name == "oracle":
         oracle = make_plan(dataclasses.replace(problem, arrivals_s=trace.arrivals_s))
         return Policy("oracle", _config(oracle))
-    if name in {"inferline", "inferline-relative"}:
-        windows = plan.envelope.windows_s
-        tuner = settings.tuner or TunerSettings(
-            window_base_s=windows[0], window_max_s=windows[-1], interval_s=settings.tick_s
-        )
-        return _inferline(problem, plan, tuner, relative=name == "inferline-relative")
+    if name in {"inferline", "inferline-paper"}:
+        tuner = _tuner_settings(plan, settings)
+        return _inferline(problem, plan, tuner, literal=name == "inferline-paper")
     if name == "cg-autoscale":
         return _cg_autoscale(problem, plan, settings)
     if name not in _PER_STAGE:
@@ -312,20 +291,17 @@ def _result(
     policy: Policy,
     workload: Workload,
     settings: SimulationSettings,
+    tuner: TunerSettings,
 ) -> PolicyResult:
     engine = EngineSettings(
         tick_s=settings.tick_s,
         activation_delay_s=settings.activation_delay_s,
         service=problem.service,
         seed=problem.seed,
+        envelope_lookback_s=tuner.envelope_lookback_s,
+        lambda_window_s=tuner.lambda_window_s,
+        lambda_lookback_s=tuner.lambda_lookback_s,
     )
-    if settings.tuner is not None:  # observe the envelope as the tuner is set to
-        engine = dataclasses.replace(
-            engine,
-            envelope_lookback_s=settings.tuner.envelope_lookback_s,
-            lambda_window_s=settings.tuner.lambda_window_s,
-            lambda_lookback_s=settings.tuner.lambda_lookback_s,
-        )
     run = run_closed_loop(
         problem.topology, problem.profile, workload, policy, trace.duration_s, engine
     )
@@ -390,7 +366,8 @@ def simulate(
             except InfeasibleError as exc:
                 skipped.append((trace.name, name, exc.reason))
                 continue
-            results.append(_result(problem, trace, policy, workload, settings))
+            tuner = _tuner_settings(start, settings)
+            results.append(_result(problem, trace, policy, workload, settings, tuner))
     return SimulationReport(
         pipeline=problem.name,
         slo_s=problem.slo_s,
