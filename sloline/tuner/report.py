@@ -152,7 +152,7 @@ class SimulationReport:
         replicas per stage (left) and rolling tail latency against the SLO (right)."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
-        from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+        from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter, ScalarFormatter
 
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
@@ -179,14 +179,20 @@ class SimulationReport:
                 for m, stage in enumerate(r.stages):
                     left.step(r.run.ticks_s, r.run.desired[:, m], where="post", lw=0.9, label=stage)
                 left.set_ylabel("replicas")
+                left.set_ylim(bottom=0)
+                left.yaxis.set_major_locator(MaxNLocator(integer=True))
                 left.set_title(
                     f"{r.policy}: {r.attainment:.2%} within SLO, ${r.cost_usd:.2f}",
                     loc="left",
                     fontsize=9,
                 )
                 right.plot(r.run.ticks_s, r.rolling_tail_s * 1e3, lw=0.7, color="C3")
-                right.axhline(self.slo_s * 1e3, color="k", ls="--", lw=0.7)
+                slo_ms = self.slo_s * 1e3
+                right.axhline(slo_ms, color="k", ls="--", lw=0.7, label=f"SLO {slo_ms:g} ms")
                 right.set_yscale("log")
+                # The SLO line inside the axes, not on its edge, whatever the latencies.
+                bottom, top = right.get_ylim()
+                right.set_ylim(min(bottom, slo_ms / 2.0), max(top, slo_ms * 1.6))
                 right.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
                 right.yaxis.set_major_formatter(ScalarFormatter())
                 right.yaxis.set_minor_formatter(NullFormatter())
@@ -195,6 +201,7 @@ class SimulationReport:
                     left.axvline(change, color="0.6", lw=0.5, ls=":")
                     right.axvline(change, color="0.6", lw=0.5, ls=":")
             axes[1, 0].legend(fontsize=7, ncol=len(rows[0].stages))
+            axes[1, 1].legend(fontsize=7, loc="upper right")
             axes[-1, 0].set_xlabel("time (s)")
             axes[-1, 1].set_xlabel("time (s)")
             path = out / f"{self.pipeline}-{trace.name}.png"
