@@ -7,8 +7,8 @@ CV² 1 -> 4 at 150 rps (Fig. 12), a x2 spike decaying with tau = 60 s (Fig. 7b),
 AutoScale-style minute-level rates peaking at 300 rps (Fig. 7). Every comparison runs
 twice, with two replica activation delays: InferLine's 5 s (§5), and the median start-up
 of a real sloline worker measured by ``benchmarks/worker_startup.py`` (read from
-``benchmarks/results/worker_startup.json``). For the spike, a bound: the plan scaled to
-3x its replicas at the very instant of the step, as no reactive policy can.
+``benchmarks/results/worker_startup.json``). For the spike, an optimistic reference for
+reacting: the plan scaled to 3x its replicas at the very instant of the step.
 
 - ``gpu-cascade`` (SLO 350 ms): preprocess -> ResNet-152 -> (30 % of queries, the low-
   confidence ones) Inception-v3 -> postprocess, which joins both. DNN latencies are
