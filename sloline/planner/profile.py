@@ -142,9 +142,14 @@ class IdlePenalty:
     @classmethod
     def from_medians(cls, gaps_s: Sequence[float], extra_s: Sequence[float]) -> IdlePenalty:
         """From measured (gap, median extra time) pairs: negative noise is clipped to 0 and
-        the curve made non-decreasing (a longer idle time never makes a batch faster)."""
+        the curve made non-decreasing (a longer idle time never makes a batch faster). The
+        gaps are measured sleeps, which a busy machine can stretch past the next one's: each
+        is kept just above the one before it."""
+        gaps: list[float] = []
+        for gap in gaps_s:
+            gaps.append(float(gap) if not gaps else max(float(gap), math.nextafter(gaps[-1], 1)))
         extra = np.maximum.accumulate(np.maximum(np.asarray(extra_s, dtype=np.float64), 0.0))
-        return cls(tuple(float(g) for g in gaps_s), tuple(float(e) for e in extra))
+        return cls(tuple(gaps), tuple(float(e) for e in extra))
 
     def table(self) -> npt.NDArray[np.float64]:
         """``[2, K + 1]``: gaps (from 0) and extra times (from 0), as the estimator reads it."""

@@ -215,3 +215,10 @@ def test_clockwork_loader_reads_a_given_file(tmp_path: object) -> None:
     path.write_text("# note\nmodel,b1_ms,b2_ms\ntiny,1.0,1.5\n")
     profiles = load_clockwork_profiles(path, hardware="t4", tail_ratio=1.2)
     assert profiles["tiny"].points[1] == BatchLatency(2, 0.0015, 0.0015 * 1.2, 0.0015)
+
+
+def test_idle_penalty_from_stretched_sleeps_keeps_its_gaps_increasing() -> None:
+    # A busy machine overslept the 0.5 ms gap past the 2 ms one.
+    idle = IdlePenalty.from_medians([0.0031, 0.0025, 0.011, 0.05], [1e-4, 2e-4, 3e-4, 4e-4])
+    assert idle.gaps_s[0] == 0.0031 and 0.0031 < idle.gaps_s[1] < 0.00311
+    assert idle.gaps_s[2:] == (0.011, 0.05)
