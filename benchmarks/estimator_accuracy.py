@@ -90,13 +90,13 @@ T = TypeVar("T")
 Arrays = dict[str, np.ndarray]
 
 # Arrival rates as multiples of the spec's planning rate (the plan is made for 1.0).
-# image-ensemble: the `large` CNN is the bottleneck (17-25 ms per item profiled on one
-# thread, depending on the machine's load; ~16 ms of CPU), so 10 / 15 / 20 rps load its
-# one replica to ~20-50 % by the profile; on the shared 2-core machine it runs 1.5-2.7x
-# slower than profiled, so higher rates overload it (docs/planner.md, "Estimator vs
-# reality"). digits-cascade: every model costs well under 1 ms and no stage is ever busy
-# (estimated utilisation < 20 %); the router (~3 ms of CPU per request) and the client
-# (~1.5 ms) load the machine: 50 / 100 / 200 rps use ~0.4 / 0.7 / 0.9 cores in all.
+# image-ensemble: the `large` CNN is the bottleneck (14-17 ms per item profiled on one
+# thread, depending on the machine's load), so 10 / 15 / 20 rps load its one replica to
+# ~20-40 % by the profile; served beside the other members it runs 1.3-1.6x slower than
+# profiled, so higher rates overload it (docs/planner.md, "Estimator vs reality").
+# digits-cascade: every model costs well under 1 ms and no stage is ever busy (estimated
+# utilisation < 25 %); the router (~2 ms of CPU per request) and the client (~1 ms) load
+# the machine.
 # sleepy (tests/support/pipelines/sleepy) is a control: its slow stage sleeps 20 ms per item
 # and uses no CPU, so its service time is what the profile says whatever else runs; the
 # rates load its replicas to ~30 / 60 / 90 % (batching gains nothing there).
