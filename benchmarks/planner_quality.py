@@ -172,7 +172,7 @@ def print_tables(result: dict[str, Any]) -> None:
           "(attain.) | CG-Peak (attain.) | B&B time |")  # fmt: skip
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
-    def cost(r: dict[str, Any], key: str) -> str:
+    def priced(r: dict[str, Any], key: str) -> str:
         value = r.get(key)
         if value is None:
             return "-"
@@ -182,8 +182,9 @@ def print_tables(result: dict[str, Any]) -> None:
     for r in rows:
         print(
             f"| {r['seed']} | {r['stages']} | {r['hardware']} | {r['slo_ms']:.1f} "
-            f"| {cost(r, 'optimum')}{'' if r['optimum_proven'] else '*'} | {cost(r, 'sloline')} "
-            f"| {cost(r, 'inferline')} | {cost(r, 'cg-mean')} | {cost(r, 'cg-peak')} "
+            f"| {priced(r, 'optimum')}{'' if r['optimum_proven'] else '*'} "
+            f"| {priced(r, 'sloline')} | {priced(r, 'inferline')} | {priced(r, 'cg-mean')} "
+            f"| {priced(r, 'cg-peak')} "
             f"| {r['optimum_seconds']:.1f} s |"
         )
     mono = result["monotonicity"]
@@ -209,7 +210,7 @@ def main() -> None:
         big = [ten_stage(seed, 10) for seed in range(5)]
         cases = [gap_case(seed, quick=False) for seed in range(50)]
         mono = [monotonicity_case(seed) for seed in range(50)]
-    result = {
+    result: dict[str, Any] = {
         "meta": {
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "python": platform.python_version(),
