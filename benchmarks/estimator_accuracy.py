@@ -28,6 +28,8 @@ the client, the workers and everything else on the machine.
     python benchmarks/estimator_accuracy.py [--quick] [--duration-s S] [--examples NAME ...]
                                             [--cache-dir DIR] [--reprofile]
                                             [--attempts N] [--quiet-timeout-s S]
+                                            [--budget-s S]
+    python benchmarks/estimator_accuracy.py --client-diagnostic RESULTS.json
 
 Prints markdown tables and writes benchmarks/results/estimator_accuracy.json (``--quick``:
 one 8 s cell per example, to estimator_accuracy.quick.raw.json, which git ignores).
@@ -76,9 +78,10 @@ from sloline.planner.estimator import (  # noqa: E402
     estimate,
     no_queue_latencies,
 )
+from sloline.planner.problem import PlanningProblem  # noqa: E402
 from sloline.planner.profile import PipelineProfile  # noqa: E402
 from sloline.planner.profiler import ProfilerSettings, load_samples  # noqa: E402
-from sloline.planner.session import PlanningSession, plan_pipeline  # noqa: E402
+from sloline.planner.session import PlanningSession, plan_pipeline, planning_trace  # noqa: E402
 from sloline.planner.trace import gamma_arrivals  # noqa: E402
 from sloline.serving.memory import tune_malloc  # noqa: E402
 from sloline.serving.server import ServerSettings  # noqa: E402
@@ -903,6 +906,43 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
+def client_diagnostic(path: Path) -> None:
+    """Re-estimate every cell of a results file with the client CPU per request that the
+    cell itself measured, instead of the warm-up's (a diagnostic: it uses the cell's own
+    measurement). Prints a table; writes nothing."""
+    report = json.loads(path.read_text())
+    print(
+        "| example | rate rps | CV² | measured P99 ms | client CPU ms: warm-up / cell | "
+        "est. P99 ms (p50): warm-up client | error | cell's client | error |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    for name, result in report["examples"].items():
+        loaded = load_pipeline(PIPELINES[name])
+        profile = PipelineProfile.from_dict(result["profile"])
+        trace = planning_trace(loaded)
+        topology = PlanningProblem.from_graph(
+            loaded.graph, profile, DEFAULT_CATALOG, trace
+        ).topology
+        config = [StageConfig(*result["config"][stage]) for stage in topology.stages]
+        for cell in result["cells"]:
+            arrivals = gamma_arrivals(
+                cell["rate_rps"], cell["duration_s"], cv2=cell["cv2"], seed=cell["seed"]
+            )
+            measured_ms = cell["measured"]["p99_ms"]
+            cell_cpu_s = cell["cpu_util"]["client"] * cell["duration_s"] / cell["queries"]
+            p99_ms = []
+            for cpu_s in (result["client_cpu_ms"] / 1e3, cell_cpu_s):
+                workload = Workload.build(topology, profile, arrivals, client_cpu_s=cpu_s)
+                run = estimate(topology, profile, config, workload, service="p50", seed=0)
+                p99_ms.append(run.percentile_s(99.0) * 1e3)
+            warm, own = ((v - measured_ms) / measured_ms for v in p99_ms)
+            print(
+                f"| {name} | {cell['rate_rps']:g} | {cell['cv2']:g} | {measured_ms:.1f} | "
+                f"{result['client_cpu_ms']:.2f} / {cell_cpu_s * 1e3:.2f} | {p99_ms[0]:.1f} | "
+                f"{_err(warm)} | {p99_ms[1]:.1f} | {_err(own)} |"
+            )
+
+
 def _autogroup() -> str:
     """``kernel.sched_autogroup_enabled`` (with autogroups, nice only ranks a session's own
     processes, so niced jobs of other sessions compete as equals)."""
@@ -954,7 +994,18 @@ def main() -> None:
         help="bound the run's wall time: waits and repeats only use the slack left "
         "after the remaining cells at their nominal cost",
     )
+    parser.add_argument(
+        "--client-diagnostic",
+        type=Path,
+        metavar="RESULTS",
+        default=None,
+        help="only re-estimate the cells of a results file with the client CPU each "
+        "cell measured (no serving)",
+    )
     args = parser.parse_args()
+    if args.client_diagnostic is not None:
+        client_diagnostic(args.client_diagnostic)
+        return
     if args.attempts < 1:
         parser.error("--attempts must be at least 1")
     duration_s = args.duration_s or (8.0 if args.quick else 60.0)
