@@ -246,11 +246,22 @@ def _job_messages(ctx: OperatorContext, target: Target, task: ProfileTask) -> li
     return found
 
 
+def _job_failure(job: Mapping[str, Any]) -> str:
+    """Why a failed Job failed, from its condition (e.g. its deadline passed)."""
+    for item in (job.get("status") or {}).get("conditions") or []:
+        if item.get("status") == "True" and item.get("type") in ("Failed", "FailureTarget"):
+            reason, message = item.get("reason") or "", item.get("message") or ""
+            if reason or message:
+                return f"the Job failed: {reason}{': ' if reason and message else ''}{message}"
+    return "the Job failed (no termination message)"
+
+
 def _harvest(
-    results: list[tuple[int, str]], task: ProfileTask, state: str
+    results: list[tuple[int, str]], task: ProfileTask, job: Mapping[str, Any]
 ) -> tuple[str | None, str | None]:
     """(message, failure) of a finished Job from its pods' termination `results`: its
     profile message, or why it failed."""
+    state = _job_state(job)
     if state == "succeeded":
         for code, text in results:
             if code == 0 and text:
@@ -269,7 +280,7 @@ def _harvest(
             f"the Job succeeded but no pod left a profile in its termination message ({seen})"
         )
     reasons = [text for code, text in results if code != 0 and text]
-    return None, reasons[-1] if reasons else "the Job failed (no termination message)"
+    return None, reasons[-1] if reasons else _job_failure(job)
 
 
 @dataclass(slots=True)
@@ -308,7 +319,7 @@ def _collect(
             # Job is pruned below and measured again.
             found.to_create.append(task)
             continue
-        message, failure = _harvest(results, task, state)
+        message, failure = _harvest(results, task, job)
         if message is not None:
             cache[task.key] = CacheEntry(message, dataflow)
         else:

@@ -388,6 +388,24 @@ def test_a_succeeded_job_whose_pods_are_gone_is_measured_again(cluster: KubeEmul
         assert status(kube).get("phase") != "Failed"
 
 
+def test_a_job_past_its_deadline_fails_the_pipeline_saying_so(cluster: KubeEmulator) -> None:
+    kube = cluster
+    with operator(kube, fast_settings()):
+        kube.create(noop_pipeline())
+        job = jobs(kube, 6)[0]
+        failed = {
+            "type": "Failed",
+            "status": "True",
+            "reason": "DeadlineExceeded",
+            "message": "Job was active longer than specified deadline",
+        }
+        patch = {"status": {"failed": 1, "conditions": [failed]}}
+        kube.patch("jobs", NS, job["metadata"]["name"], patch, subresource="status")
+        wait(lambda: status(kube).get("phase") == "Failed", "phase Failed")
+        message = conditions(kube)["Profiled"]["message"]
+        assert "DeadlineExceeded: Job was active longer than specified deadline" in message
+
+
 def test_kubectl_applies_the_example_and_reads_the_printer_columns(cluster: KubeEmulator) -> None:
     """`kubectl apply` the example manifest, the operator profiles, plans and deploys it,
     and kubectl reads the CRD's printer columns (the emulator serves no Table output, so
