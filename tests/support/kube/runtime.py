@@ -42,6 +42,7 @@ from tests.support.kube.podspec import (
 from tests.support.kube.probes import run_probe, setting
 
 PODEXEC = Path(__file__).with_name("podexec.py")
+REPO_ROOT = Path(__file__).resolve().parents[3]
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 MESSAGE_LIMIT = 4096
 FALLBACK_LOG_LIMIT = 2048
@@ -94,6 +95,14 @@ class Node:
     def created_record(self) -> Path:
         """Where launchers record the mount points they had to create on the host."""
         return self.workdir / "created-mount-points.jsonl"
+
+    def code_under_tmp(self) -> list[str]:
+        """The host folders the containers' programs come from (this checkout, the venv)
+        where they lie under /tmp, which each container gets a private one of: they are
+        bound into it again at the same paths, as an image would carry them."""
+        found = {str(REPO_ROOT), sys.prefix, os.path.dirname(os.path.dirname(self.python))}
+        tmp = Path("/tmp").resolve()
+        return sorted(p for p in found if Path(p).resolve().is_relative_to(tmp))
 
     def base_env(self) -> dict[str, str]:
         venv = os.path.dirname(self.python)
@@ -280,6 +289,7 @@ class Container:
         targets = {m["mountPath"].rstrip("/") for m in self.spec.get("volumeMounts") or []}
         if "/tmp" not in targets:
             mounts.append({"source": str(self.dir / "tmp"), "target": "/tmp"})
+            mounts.extend({"source": p, "target": p} for p in self.pod.node.code_under_tmp())
         for mount in self.spec.get("volumeMounts") or []:
             volume = by_name.get(mount["name"])
             if volume is None or mount["name"] not in volumes:
