@@ -98,8 +98,8 @@ class Node:
 
     def code_under_tmp(self) -> list[str]:
         """The host folders the containers' programs come from (this checkout, the venv)
-        where they lie under /tmp, which each container gets a private one of: they are
-        bound into it again at the same paths, as an image would carry them."""
+        where they lie under /tmp, which each container gets a private one of (or a
+        volume): they are bound into it again at the same paths, as an image carries them."""
         found = {str(REPO_ROOT), sys.prefix, os.path.dirname(os.path.dirname(self.python))}
         tmp = Path("/tmp").resolve()
         return sorted(p for p in found if Path(p).resolve().is_relative_to(tmp))
@@ -289,7 +289,7 @@ class Container:
         targets = {m["mountPath"].rstrip("/") for m in self.spec.get("volumeMounts") or []}
         if "/tmp" not in targets:
             mounts.append({"source": str(self.dir / "tmp"), "target": "/tmp"})
-            mounts.extend({"source": p, "target": p} for p in self.pod.node.code_under_tmp())
+        mounts.extend({"source": p, "target": p} for p in self.pod.node.code_under_tmp())
         for mount in self.spec.get("volumeMounts") or []:
             volume = by_name.get(mount["name"])
             if volume is None or mount["name"] not in volumes:
