@@ -128,40 +128,23 @@ def measure(cv2: float, duration_s: float, repeats: int) -> list[dict[str, Any]]
     arrivals = gamma_arrivals(RATE_RPS, duration_s, cv2=cv2, seed=1)
     workload = Workload.build(topology, profile, arrivals)
     rows = []
-    stage_modes: tuple[ServiceMode, ...] = ("p50", "exponential")
-    for mode in stage_modes:
-        result = estimate(topology, profile, config, workload, service=mode)
-        seconds = median_time_s(
-            functools.partial(estimate, topology, profile, config, workload, service=mode),
-            repeats,
-        )
-        rows.append(
-            {
-                "what": f"estimate(), 3 stages, CV²={cv2:g}, service={mode}",
-                "queries": int(arrivals.size),
-                "stage_visits": sum(s.visits for s in result.stages),
-                "median_s": seconds,
-                "p99_latency_ms": result.percentile_s(99.0) * 1e3,
-            }
-        )
-    served = served_profile(profile)
-    served_modes: tuple[ServiceMode, ...] = ("p50", "samples")
-    for mode in served_modes:
-        result = estimate(topology, served, config, workload, service=mode)
-        seconds = median_time_s(
-            functools.partial(estimate, topology, served, config, workload, service=mode),
-            repeats,
-        )
-        rows.append(
-            {
-                "what": f"estimate(), 3 stages + router, hops, 2 shared cores, CV²={cv2:g}, "
-                f"service={mode}",
-                "queries": int(arrivals.size),
-                "stage_visits": sum(s.visits for s in result.stages),
-                "median_s": seconds,
-                "p99_latency_ms": result.percentile_s(99.0) * 1e3,
-            }
-        )
+    cases: tuple[tuple[PipelineProfile, tuple[ServiceMode, ...], str], ...] = (
+        (profile, ("p50", "exponential"), "3 stages"),
+        (served_profile(profile), ("p50", "samples"), "3 stages + router, hops, 2 shared cores"),
+    )
+    for simulated, modes, what in cases:
+        for mode in modes:
+            run = functools.partial(estimate, topology, simulated, config, workload, service=mode)
+            result = run()
+            rows.append(
+                {
+                    "what": f"estimate(), {what}, CV²={cv2:g}, service={mode}",
+                    "queries": int(arrivals.size),
+                    "stage_visits": sum(s.visits for s in result.stages),
+                    "median_s": median_time_s(run, repeats),
+                    "p99_latency_ms": result.percentile_s(99.0) * 1e3,
+                }
+            )
     # One stage's loop, compiled vs pure Python, on the same ready times.
     ready = np.ascontiguousarray(arrivals)
     draws = service_draws(profile.stage("resnet", "gpu"), 8, "p50", profile.hop_s, ready.size)
