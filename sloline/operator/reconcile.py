@@ -257,11 +257,10 @@ def _job_failure(job: Mapping[str, Any]) -> str:
 
 
 def _harvest(
-    results: list[tuple[int, str]], task: ProfileTask, job: Mapping[str, Any]
+    results: list[tuple[int, str]], task: ProfileTask, job: Mapping[str, Any], state: str
 ) -> tuple[str | None, str | None]:
-    """(message, failure) of a finished Job from its pods' termination `results`: its
-    profile message, or why it failed."""
-    state = _job_state(job)
+    """(message, failure) of a finished Job (`state` from `_job_state`) from its pods'
+    termination `results`: its profile message, or why it failed."""
     if state == "succeeded":
         for code, text in results:
             if code == 0 and text:
@@ -319,7 +318,7 @@ def _collect(
             # Job is pruned below and measured again.
             found.to_create.append(task)
             continue
-        message, failure = _harvest(results, task, job)
+        message, failure = _harvest(results, task, job, state)
         if message is not None:
             cache[task.key] = CacheEntry(message, dataflow)
         else:
