@@ -118,6 +118,7 @@ SERVICE_MODES: tuple[ServiceMode, ...] = ("p50", "samples")
 TIMEOUT_MS = 30_000  # no deadline drops (the estimator does not simulate them)
 MAX_OUTSTANDING = 2_000  # the load generator stops sending beyond this many in flight
 DRAIN_S = 30.0  # after the last send, wait at most this long for the answers
+CLIENT_PROBE_S = 4.0  # before each cell: the load generator's CPU per request at its load
 SPIN_S = 0.0015  # sleep until this close to a send time, then poll the loop (asyncio
 # timers round up to whole milliseconds, which would make every send up to 1 ms late)
 TARGET_ERROR = 0.15
@@ -130,7 +131,7 @@ QUIET_TIMEOUT_S = 900.0
 DISTURBED_1S_CORES = 0.5
 MAX_ATTEMPTS = 4
 EXAMPLE_SETUP_S = 180.0  # --budget-s: profiling, serving, warm-up and idle probe, nominal
-CELL_OVERHEAD_S = 20.0  # --budget-s: a cell's estimates, drain and analysis, nominal
+CELL_OVERHEAD_S = 30.0  # --budget-s: client probe, estimates, drain and analysis, nominal
 
 
 # --------------------------------------------------------------------------- load generator
@@ -179,6 +180,12 @@ async def _loadgen_main(
                 conn.send(await _probe(client.is_server_live, infer, int(arg)))
             elif kind == "replay":
                 conn.send(await _replay(infer, np.asarray(arg), InferenceServerException))
+            elif kind == "pace":  # the same pacing, nothing sent: what pacing alone costs
+                conn.send(await _replay(_no_request, np.asarray(arg), InferenceServerException))
+
+
+async def _no_request(_: int) -> None:
+    """What ``pace`` sends instead of request i: nothing."""
 
 
 async def _probe(
@@ -725,6 +732,28 @@ def run_cell(
     }
 
 
+def client_cpu_per_request(
+    gen: LoadGenerator, rate_rps: float, cv2: float, seed: int
+) -> dict[str, float]:
+    """The load generator's CPU per request at a cell's rate and CV², on a trace of its own
+    (not the cell's): CLIENT_PROBE_S of requests, less the same pacing with nothing sent.
+    The estimator puts that difference in front of each send and after each answer; the
+    pacing itself (sleeping, then polling the loop until the send time) delays no request,
+    so it stays out, reported as ``pacing_cores``."""
+    arrivals = gamma_arrivals(rate_rps, CLIENT_PROBE_S, cv2=cv2, seed=seed)
+    client = psutil.Process(gen.pid)
+    used = {}
+    for kind in ("pace", "replay"):
+        cpu0 = sum(client.cpu_times()[:2])
+        gen.call(kind, arrivals, CLIENT_PROBE_S + DRAIN_S + 60.0)
+        used[kind] = sum(client.cpu_times()[:2]) - cpu0
+    return {
+        "cpu_s": max(0.0, used["replay"] - used["pace"]) / arrivals.size,
+        "with_pacing_cpu_s": used["replay"] / arrivals.size,
+        "pacing_cores": used["pace"] / CLIENT_PROBE_S,
+    }
+
+
 class Budget:
     """An optional bound on the whole run's wall time (``--budget-s``): waiting for quiet
     and repeating disturbed cells only spend the slack, i.e. what is left before the
@@ -762,16 +791,9 @@ def run_example(
             served.pipeline.grpc_url, example.loaded.name, example.payloads, datatypes
         )
         try:
-            # Warm-up, not measured: connections, code paths, larger batches (bursty). It
-            # also measures the load generator's CPU per request: the estimator simulates
-            # it as a client on the pipeline's cores.
+            # Warm-up, not measured: connections, code paths, larger batches (bursty).
             top = max(rate for rate, _ in cells)
-            warmup = gamma_arrivals(top, 5.0, cv2=4.0, seed=999)
-            client = psutil.Process(gen.pid)
-            cpu0 = sum(client.cpu_times()[:2])
-            gen.call("replay", warmup, 120.0)
-            client_cpu_s = (sum(client.cpu_times()[:2]) - cpu0) / warmup.size
-            out["client_cpu_ms"] = client_cpu_s * 1e3
+            gen.call("replay", gamma_arrivals(top, 5.0, cv2=4.0, seed=999), 120.0)
             budget = budget or Budget(None, 0.0, 0, 0)
 
             def quiet_timeout() -> float:
@@ -786,14 +808,16 @@ def run_example(
                 runs = []
                 for attempt in range(attempts):
                     quiet_s = wait_quiet(served.processes(gen.pid), quiet_timeout())
+                    client_cpu = client_cpu_per_request(gen, rate, cv2, seed=1000 + k)
                     print(
                         f"  {example.name}: {rate:g} rps, CV² {cv2:g}, {duration_s:g} s "
                         f"(attempt {attempt + 1}, waited {quiet_s:.0f} s for quiet) ...",
                         file=sys.stderr,
                     )
                     cell = run_cell(
-                        example, served, gen, rate, cv2, duration_s, k + 1, client_cpu_s
+                        example, served, gen, rate, cv2, duration_s, k + 1, client_cpu["cpu_s"]
                     )
+                    cell["client_probe"] = client_cpu
                     cell["waited_for_quiet_s"] = quiet_s
                     runs.append(cell)
                     print("    " + row(example.name, cell), file=sys.stderr)
@@ -856,7 +880,8 @@ BREAKDOWN_HEADER = (
     "| example | rate rps | CV² | client - router P50 ms | send lag P99 ms | "
     "bottleneck: est. util, mean batch est/meas, service / profile, wall / CPU | "
     "CPU cores: router / client / workers / others (niced too) | router cores est. | "
-    "router full GCs (max ms) |\n|---|---:|---:|---:|---:|---|---|---:|---:|"
+    "client CPU ms per request simulated (with pacing), pacing cores | "
+    "router full GCs (max ms) |\n|---|---:|---:|---:|---:|---|---|---:|---|---:|"
 )
 
 
@@ -864,7 +889,7 @@ def breakdown_row(name: str, cell: dict[str, Any]) -> str:
     bottleneck = max(cell["stages"], key=lambda n: cell["stages"][n]["est_utilisation"])
     m, s, cpu = cell["measured"], cell["stages"][bottleneck], cell["cpu_util"]
     workers = sum(v for k, v in cpu.items() if k not in ("router", "client"))
-    gc_ = cell["router_gc"]
+    gc_, client = cell["router_gc"], cell["client_probe"]
     return (
         f"| {name} | {cell['rate_rps']:g} | {cell['cv2']:g} | "
         f"{m['p50_ms'] - m['router_p50_ms']:.2f} | {m['send_lag_p99_ms']:.2f} | "
@@ -873,6 +898,8 @@ def breakdown_row(name: str, cell: dict[str, Any]) -> str:
         f"{cpu['router']:.2f} / {cpu['client']:.2f} / {workers:.2f} / "
         f"{cell['others_normal_cores']:.2f} ({cell['others_cores']:.2f}) | "
         f"{cell['estimated']['p50']['router_cores']:.2f} | "
+        f"{client['cpu_s'] * 1e3:.2f} ({client['with_pacing_cpu_s'] * 1e3:.2f}), "
+        f"{client['pacing_cores']:.2f} | "
         f"{gc_['full']} ({gc_['full_max_ms']:.0f}) |"
     )
 
@@ -908,12 +935,12 @@ def _json_default(value: Any) -> Any:
 
 def client_diagnostic(path: Path) -> None:
     """Re-estimate every cell of a results file with the client CPU per request that the
-    cell itself measured, instead of the warm-up's (a diagnostic: it uses the cell's own
-    measurement). Prints a table; writes nothing."""
+    cell itself used (less the pacing its client probe measured), instead of the probe's
+    (a diagnostic: it uses the cell's own measurement). Prints a table; writes nothing."""
     report = json.loads(path.read_text())
     print(
-        "| example | rate rps | CV² | measured P99 ms | client CPU ms: warm-up / cell | "
-        "est. P99 ms (p50): warm-up client | error | cell's client | error |\n"
+        "| example | rate rps | CV² | measured P99 ms | client CPU ms: probe / cell | "
+        "est. P99 ms (p50): probe's client | error | cell's client | error |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     for name, result in report["examples"].items():
@@ -929,16 +956,18 @@ def client_diagnostic(path: Path) -> None:
                 cell["rate_rps"], cell["duration_s"], cv2=cell["cv2"], seed=cell["seed"]
             )
             measured_ms = cell["measured"]["p99_ms"]
-            cell_cpu_s = cell["cpu_util"]["client"] * cell["duration_s"] / cell["queries"]
+            probe = cell["client_probe"]
+            used = cell["cpu_util"]["client"] - probe["pacing_cores"]
+            cell_cpu_s = max(0.0, used * cell["duration_s"] / cell["queries"])
             p99_ms = []
-            for cpu_s in (result["client_cpu_ms"] / 1e3, cell_cpu_s):
+            for cpu_s in (probe["cpu_s"], cell_cpu_s):
                 workload = Workload.build(topology, profile, arrivals, client_cpu_s=cpu_s)
                 run = estimate(topology, profile, config, workload, service="p50", seed=0)
                 p99_ms.append(run.percentile_s(99.0) * 1e3)
             warm, own = ((v - measured_ms) / measured_ms for v in p99_ms)
             print(
                 f"| {name} | {cell['rate_rps']:g} | {cell['cv2']:g} | {measured_ms:.1f} | "
-                f"{result['client_cpu_ms']:.2f} / {cell_cpu_s * 1e3:.2f} | {p99_ms[0]:.1f} | "
+                f"{probe['cpu_s'] * 1e3:.2f} / {cell_cpu_s * 1e3:.2f} | {p99_ms[0]:.1f} | "
                 f"{_err(warm)} | {p99_ms[1]:.1f} | {_err(own)} |"
             )
 
