@@ -86,13 +86,14 @@ class WorkerConn:
     future and one task step per batch, and gRPC gets one write at a time.
     """
 
-    __slots__ = ("_closing", "_pending", "_wake", "hardware", "id", "pid", "stage")
+    __slots__ = ("_closing", "_pending", "_wake", "dispatched_at", "hardware", "id", "pid", "stage")
 
     def __init__(self, id: str, stage: str, pid: int, hardware: str) -> None:
         self.id = id
         self.stage = stage
         self.pid = pid
         self.hardware = hardware
+        self.dispatched_at = 0.0  # when its batch in flight (one at most) was dispatched
         self._pending: deque[bytes] = deque()
         self._closing = False
         self._wake: asyncio.Future[None] | None = None
@@ -344,6 +345,7 @@ class Router:
                 size = len(dispatch.items)
                 self.metrics.batch(queue.stage, size)
                 batches.add(now, size)
+                conn.dispatched_at = now
                 conn.send(
                     wire.batch_message(dispatch.batch_id, [item.inputs for item in dispatch.items])
                 )
@@ -410,6 +412,7 @@ class Router:
         step = queue.worker_done(conn.id, result.batch_id, now)
         self.metrics.service_time(stage, result.service_s)
         self.stats.stage_service[stage].add(now, result.service_s)
+        self.stats.stage_roundtrip[stage].add(now, now - conn.dispatched_at)
         items = step.completed
         visits = self.stats.stage_latency[stage]
         for item in items:

@@ -58,7 +58,7 @@ class Window:
 
 class RouterStats:
     """Recent request latencies and failures; per stage: visit latency (queued to answered),
-    batch size and the worker-measured model time per batch."""
+    batch size, the worker-measured model time per batch and each batch's round trip."""
 
     def __init__(self, stages: list[str], size: int = 65536) -> None:
         self.latency = Ring(size)
@@ -66,6 +66,9 @@ class RouterStats:
         self.stage_latency = {s: Ring(size) for s in stages}
         self.stage_batch = {s: Ring(size // 4) for s in stages}
         self.stage_service = {s: Ring(size // 4) for s in stages}  # model time per batch
+        # Per batch, dispatch to result back on the router's loop: the model time plus
+        # the hop (wire, wake-ups, the worker's own decode and encode, the loop's delay).
+        self.stage_roundtrip = {s: Ring(size // 4) for s in stages}
 
     def attainment(self, now: float, span_s: float, slo_s: float) -> float:
         ok = self.latency.since(now - span_s)

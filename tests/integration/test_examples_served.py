@@ -159,7 +159,22 @@ def test_image_ensemble_1000_concurrent_requests_match_in_process() -> None:
                 return await asyncio.gather(*(one(i) for i in range(len(images))))
 
         results = asyncio.run(fire())
+        assert served.pipeline is not None
+        stats = served.pipeline.router.stats
+
+        async def round_trips() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+            return {
+                s: (stats.stage_service[s].since(0.0), stats.stage_roundtrip[s].since(0.0))
+                for s in batches
+            }
+
+        per_stage = served.call(round_trips())
     assert len(results) == 1000
+    # Every batch's round trip (dispatch to result back on the router) covers the model
+    # time the worker measured for it; one of each per batch.
+    for stage, (service, roundtrip) in per_stage.items():
+        assert service.size == roundtrip.size > 0, stage
+        assert np.all(roundtrip >= service), stage
     for i, result in enumerate(results):
         assert result.get_response().id == str(i)
         probs = result.as_numpy("probabilities")[0]
