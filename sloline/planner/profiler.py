@@ -21,7 +21,10 @@ which runs on that class's nodes; the result becomes a termination message
 
 Results are cached on disk per (stage, hardware class), keyed by a digest of the stage's
 spec, its model file or Python module, the hardware class, the runtime versions and the
-sample inputs, so re-profiling happens only when one of those changes (or `force`).
+sample inputs, so re-profiling happens only when one of those changes (or `force`). The
+serving overhead is cached the same way, keyed by the request it sends (the first
+sample), the shared cores and the versions: measuring it takes ~20 s, which `sloline plan`
+and `sloline run` would otherwise pay at every start (docs/planner.md, "Benchmarks").
 This is the only part of the planner that does I/O.
 """
 
@@ -42,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from sloline.planner.overhead import ServingOverhead
 from sloline.planner.probe import measure_overhead
 from sloline.planner.profile import BatchLatency, IdlePenalty, PipelineProfile, StageProfile
 from sloline.planner.profile_message import ProfileMessage
@@ -53,6 +57,8 @@ Arrays = dict[str, np.ndarray]
 Progress = Callable[[str], None]
 # Part of the cache key: profiles measured before the idle penalty are measured again.
 PROFILE_FORMAT = b"2"
+# Part of the serving overhead's cache key: bump it when the probe measures differently.
+OVERHEAD_FORMAT = b"1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,8 +371,19 @@ def profile_pipeline(
                     profile = _profile_in_worker(loaded, stage, hw, inputs_file, settings)
                     path.write_text(json.dumps(profile.to_dict()))
                 stages[stage][name] = profile
-    progress("measuring the serving overhead (router, hops, request path) ...")
-    overhead = measure_overhead(samples[0], cores=usable_cores())
+    cores = usable_cores()
+    overhead_key = _digest(
+        OVERHEAD_FORMAT,
+        versions,
+        b"".join(name.encode() + samples[0][name].tobytes() for name in sorted(samples[0])),
+        str(cores).encode(),
+    )
+    overhead = cached_overhead(
+        cache / f"{loaded.name}-serving-overhead-{overhead_key}.json",
+        lambda: measure_overhead(samples[0], cores=cores),
+        force=settings.force,
+        progress=progress,
+    )
     return PipelineProfile(
         stages=stages,
         hop_s=overhead.visit_s(),
@@ -374,6 +391,25 @@ def profile_pipeline(
         visit_stages=order,
         overhead=overhead,
     )
+
+
+def cached_overhead(
+    path: Path,
+    measure: Callable[[], ServingOverhead],
+    *,
+    force: bool = False,
+    progress: Progress = lambda _msg: None,
+) -> ServingOverhead:
+    """The serving overhead stored at ``path``, else (or with ``force``) ``measure()``d
+    and stored there. The JSON round trip is exact, so a plan from the stored overhead is
+    the plan from the one measured."""
+    if path.exists() and not force:
+        progress("serving overhead (router, hops, request path): cached")
+        return ServingOverhead.from_dict(json.loads(path.read_text()))
+    progress("measuring the serving overhead (router, hops, request path) ...")
+    overhead = measure()
+    path.write_text(json.dumps(overhead.to_dict()))
+    return overhead
 
 
 def profile_job(
