@@ -18,7 +18,10 @@ the global event simulation (a test proves it on random cases), at ~10 ns per it
 A profile with a measured serving overhead (router CPU, hop and request-path
 distributions, shared cores: :mod:`sloline.planner.overhead`) couples the stages through
 the router and the cores they share; then the whole pipeline is simulated at once, event
-by event (:mod:`sloline.planner.shared`), with the same dispatch rules.
+by event (:mod:`sloline.planner.shared`), with the same dispatch rules. That module is
+imported on the first such estimate: where numba's cache is empty (a fresh container's
+``NUMBA_CACHE_DIR``) its kernel takes 13-15 s to compile, which planners of profiles
+without a serving overhead (the operator's) need not pay.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -35,8 +38,10 @@ import numpy.typing as npt
 from sloline.planner.config import StageConfig
 from sloline.planner.profile import PipelineProfile, StageProfile, Stat
 from sloline.planner.queueing import ServiceDraws, serve
-from sloline.planner.shared import SharedInputs, simulate_shared
 from sloline.planner.topology import Topology
+
+if TYPE_CHECKING:
+    from sloline.planner.shared import SharedInputs
 
 __all__ = [
     "Estimate",
@@ -387,6 +392,8 @@ def _shared_inputs(
     service: ServiceMode,
     seed: int,
 ) -> SharedInputs:
+    from sloline.planner.shared import SharedInputs
+
     overhead = profile.overhead
     assert overhead is not None
     n, n_stages = workload.size, len(topology)
@@ -468,6 +475,8 @@ def _estimate_shared(
     service: ServiceMode,
     seed: int,
 ) -> Estimate:
+    from sloline.planner.shared import simulate_shared
+
     run = simulate_shared(_shared_inputs(topology, profile, config, workload, service, seed))
     arrivals = workload.arrivals_s
     span = max(float(np.max(run.answered_s)), float(arrivals[-1])) - float(arrivals[0])
