@@ -15,6 +15,13 @@ CV² in {1, 4}:
    the profile was traced with, so the cascade's branch is taken at the profiled rate —
    and times each answer from the request's *scheduled* send time.
 
+The estimate is made three ways: from the profile with service ``p50`` and ``samples`` (what
+``sloline plan`` uses), and ``calibrated``: the same profile corrected by one 20 s run at
+the planned load on a trace of its own before the cells (each stage's in-situ model time
+against its profile, the hops and the request path under load; see ``calibrate``). The
+load generator's CPU per request is measured before each cell at the cell's rate on a
+trace of its own, without the CPU of its pacing.
+
 Requests carry ``timeout_ms=30000``: the estimator does not simulate the router's deadline
 drop (2 x SLO), so the measured tail must not be cut by it.
 
@@ -53,7 +60,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
@@ -79,8 +86,17 @@ from sloline.planner.estimator import (  # noqa: E402
     no_queue_latencies,
 )
 from sloline.planner.problem import PlanningProblem  # noqa: E402
-from sloline.planner.profile import PipelineProfile  # noqa: E402
-from sloline.planner.profiler import ProfilerSettings, load_samples  # noqa: E402
+from sloline.planner.profile import (  # noqa: E402
+    BatchLatency,
+    IdlePenalty,
+    PipelineProfile,
+    StageProfile,
+)
+from sloline.planner.profiler import (  # noqa: E402
+    ProfilerSettings,
+    default_cache_dir,
+    load_samples,
+)
 from sloline.planner.session import PlanningSession, plan_pipeline, planning_trace  # noqa: E402
 from sloline.planner.trace import gamma_arrivals  # noqa: E402
 from sloline.serving.memory import tune_malloc  # noqa: E402
@@ -118,6 +134,8 @@ SERVICE_MODES: tuple[ServiceMode, ...] = ("p50", "samples")
 TIMEOUT_MS = 30_000  # no deadline drops (the estimator does not simulate them)
 MAX_OUTSTANDING = 2_000  # the load generator stops sending beyond this many in flight
 DRAIN_S = 30.0  # after the last send, wait at most this long for the answers
+CALIBRATION_S = 20.0  # per example, at the planned load: what the profile misses in situ
+CALIBRATED = "calibrated"  # the estimate with the calibrated profile (service "p50")
 CLIENT_PROBE_S = 4.0  # before each cell: the load generator's CPU per request at its load
 SPIN_S = 0.0015  # sleep until this close to a send time, then poll the loop (asyncio
 # timers round up to whole milliseconds, which would make every send up to 1 ms late)
@@ -331,6 +349,7 @@ class Served:
                 "latency_s": stats.latency.since(t0).copy(),
                 "batch": {s: r.since(t0).copy() for s, r in stats.stage_batch.items()},
                 "service_s": {s: r.since(t0).copy() for s, r in stats.stage_service.items()},
+                "roundtrip_s": {s: r.since(t0).copy() for s, r in stats.stage_roundtrip.items()},
             }
 
         return self.call(read())
@@ -557,6 +576,12 @@ def prepare(name: str, settings: ProfilerSettings) -> Example:
         build = [sys.executable, str(path.parent / "build.py")]
         subprocess.run(build, check=True, capture_output=True)
     loaded = load_pipeline(path)
+    # The serving overhead depends on the machine's state more than the stage profiles
+    # do: measured again on every run, whatever the profile cache holds.
+    for stale in (settings.cache_dir or default_cache_dir()).glob(
+        f"{loaded.name}-serving-overhead-*.json"
+    ):
+        stale.unlink()
     session = plan_pipeline(
         loaded,
         DEFAULT_CATALOG,
@@ -659,13 +684,18 @@ def run_cell(
     duration_s: float,
     seed: int,
     client_cpu_s: float,
+    calibrated: PipelineProfile,
 ) -> dict[str, Any]:
     arrivals = gamma_arrivals(rate_rps, duration_s, cv2=cv2, seed=seed)
     estimates, results = {}, {}
-    for mode in SERVICE_MODES:
-        result, elapsed_s = example.estimate(arrivals, mode, client_cpu_s=client_cpu_s)
-        results[mode] = result
-        estimates[mode] = {
+    runs: list[tuple[str, ServiceMode, PipelineProfile]] = [
+        (mode, mode, example.session.profile) for mode in SERVICE_MODES
+    ]
+    runs.append((CALIBRATED, "p50", calibrated))
+    for key, mode, profile in runs:
+        result, elapsed_s = example.estimate(arrivals, mode, profile, client_cpu_s=client_cpu_s)
+        results[key] = result
+        estimates[key] = {
             "p50_ms": result.percentile_s(50.0) * 1e3,
             "p99_ms": result.percentile_s(99.0) * 1e3,
             "attainment": result.attainment(example.slo_s),
@@ -754,6 +784,84 @@ def client_cpu_per_request(
     }
 
 
+def calibrate(
+    example: Example, served: Served, gen: LoadGenerator, rate_rps: float
+) -> tuple[PipelineProfile, dict[str, Any]]:
+    """What the profile misses in situ, measured once at the planned load on a trace of
+    its own (CV² 1, a seed no cell uses): per stage, the workers' model time per batch
+    against the profile at the dispatched batch sizes, less what waiting for a core
+    explains (wall over worker CPU time, when above 1: the simulation shares the cores
+    itself); every batch's hop, its round trip on the router less its model time; and
+    the request path outside the router.
+
+    Returns the profile with each stage's batch latencies scaled by its factor (and no
+    idle penalty, which the in-situ time already includes) and the in-situ hops and
+    request paths in place of the idle probe's, and what was measured."""
+    arrivals = gamma_arrivals(rate_rps, CALIBRATION_S, cv2=1.0, seed=0)
+    procs = served.processes(gen.pid)
+    cpu0, t0 = _cpu_s(procs), time.monotonic()
+    replay = gen.call("replay", arrivals, CALIBRATION_S + DRAIN_S + 60.0)
+    cpu1 = _cpu_s(procs)
+    window = served.router_window(t0)
+    # The request path: the client's latencies (from each send) less the router's, matched
+    # quantile by quantile (neither side knows the other's request ids).
+    client = np.sort((replay["done"] - replay["sent"])[np.isfinite(replay["done"])])
+    router = np.sort(window["latency_s"])
+    levels = (np.arange(min(client.size, router.size)) + 0.5) / min(client.size, router.size)
+    request_s = np.maximum(np.quantile(client, levels) - np.quantile(router, levels), 0.0)
+    profile = example.session.profile
+    stages: dict[str, dict[str, StageProfile]] = {n: dict(p) for n, p in profile.stages.items()}
+    hops, measured = [], {}
+    for m, name in enumerate(example.stages):
+        cfg = example.config[m]
+        batches, service = window["batch"][name], window["service_s"][name]
+        hops.append(np.maximum(window["roundtrip_s"][name] - service, 0.0))
+        stage = profile.stage(name, cfg.hardware)
+        expected = stage.latency_table_s(cfg.max_batch)[
+            np.minimum(batches.astype(int), cfg.max_batch)
+        ]
+        cpu = sum(cpu1[k] - cpu0[k] for k in procs if k.partition("#")[0] == name)
+        waited = max(1.0, float(service.sum()) / cpu) if cpu > 0 else 1.0
+        factor = float(service.mean() / expected.mean()) / waited if service.size else 1.0
+        measured[name] = {"batches": int(service.size), "factor": factor, "waited": waited}
+        idle = (
+            IdlePenalty(stage.idle.gaps_s, (0.0,) * len(stage.idle.gaps_s))
+            if stage.idle is not None
+            else None
+        )
+        points = tuple(
+            BatchLatency(
+                p.batch_size,
+                p.p50_s * factor,
+                p.p99_s * factor,
+                p.mean_s * factor,
+                tuple(v * factor for v in p.samples_s),
+            )
+            for p in stage.points
+        )
+        stages[name][cfg.hardware] = StageProfile(stage.hardware, points, idle, stage.cores)
+    assert profile.overhead is not None
+    hop_s = np.concatenate(hops)
+    overhead = replace(
+        profile.overhead, hop_s=tuple(hop_s.tolist()), request_s=tuple(request_s.tolist())
+    )
+    calibrated = replace(profile, stages=stages, overhead=overhead)
+    info = {
+        "rate_rps": rate_rps,
+        "duration_s": CALIBRATION_S,
+        "stages": measured,
+        "hop_p50_ms": percentile(hop_s, 50.0) * 1e3,
+        "hop_p99_ms": percentile(hop_s, 99.0) * 1e3,
+        "probe_hop_p50_ms": profile.overhead.hop_median_s * 1e3,
+        "probe_hop_p99_ms": percentile(profile.overhead.hop_table_s(), 99.0) * 1e3,
+        "request_p50_ms": percentile(request_s, 50.0) * 1e3,
+        "request_p99_ms": percentile(request_s, 99.0) * 1e3,
+        "probe_request_p50_ms": profile.overhead.request_median_s * 1e3,
+        "probe_request_p99_ms": percentile(profile.overhead.request_table_s(), 99.0) * 1e3,
+    }
+    return calibrated, info
+
+
 class Budget:
     """An optional bound on the whole run's wall time (``--budget-s``): waiting for quiet
     and repeating disturbed cells only spend the slack, i.e. what is left before the
@@ -775,6 +883,7 @@ def run_example(
     cells: Sequence[tuple[float, float]],
     duration_s: float,
     probe_count: int,
+    planned_rps: float,
     *,
     attempts: int = MAX_ATTEMPTS,
     quiet_timeout_s: float = QUIET_TIMEOUT_S,
@@ -803,6 +912,8 @@ def run_example(
             t0 = time.monotonic()
             probe = gen.call("probe", probe_count, 300.0)
             out["idle_probe"] = idle_probe(example, probe, served.router_window(t0))
+            wait_quiet(served.processes(gen.pid), quiet_timeout())
+            calibrated, out["calibration"] = calibrate(example, served, gen, planned_rps)
             budget.examples_left = max(0, budget.examples_left - 1)
             for k, (rate, cv2) in enumerate(cells):
                 runs = []
@@ -815,7 +926,15 @@ def run_example(
                         file=sys.stderr,
                     )
                     cell = run_cell(
-                        example, served, gen, rate, cv2, duration_s, k + 1, client_cpu["cpu_s"]
+                        example,
+                        served,
+                        gen,
+                        rate,
+                        cv2,
+                        duration_s,
+                        k + 1,
+                        client_cpu["cpu_s"],
+                        calibrated,
                     )
                     cell["client_probe"] = client_cpu
                     cell["waited_for_quiet_s"] = quiet_s
@@ -857,9 +976,10 @@ def _err(error: float) -> str:
 
 HEADER = (
     "| example | rate rps | CV² | queries | measured P99 ms | est. P99 ms (p50) | error | "
-    "est. P99 ms (samples) | error | router-side P99 ms | measured attainment | "
-    "est. attainment (p50) | est. time ms (p50 / samples) | load avg |\n"
-    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "est. P99 ms (samples) | error | est. P99 ms (calibrated) | error | "
+    "router-side P99 ms | measured attainment | est. attainment (p50 / calibrated) | "
+    "est. time ms (p50 / samples) | load avg |\n"
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -870,8 +990,9 @@ def row(name: str, cell: dict[str, Any]) -> str:
         f"| {name} | {cell['rate_rps']:g} | {cell['cv2']:g} | {cell['queries']} | "
         f"{m['p99_ms']:.1f} | {e['p50']['p99_ms']:.1f} | {_err(cell['error']['p50'])} | "
         f"{e['samples']['p99_ms']:.1f} | {_err(cell['error']['samples'])} | "
+        f"{e[CALIBRATED]['p99_ms']:.1f} | {_err(cell['error'][CALIBRATED])} | "
         f"{m['router_p99_ms']:.1f} | {m['attainment'] * 100:.2f}% | "
-        f"{e['p50']['attainment'] * 100:.2f}% | "
+        f"{e['p50']['attainment'] * 100:.2f}% / {e[CALIBRATED]['attainment'] * 100:.2f}% | "
         f"{e['p50']['time_ms']:.1f} / {e['samples']['time_ms']:.1f} | {load:.1f} |"
     )
 
@@ -1083,6 +1204,7 @@ def main() -> None:
             cells,
             duration_s,
             probe_count=50 if args.quick else 200,
+            planned_rps=rate,
             attempts=args.attempts,
             quiet_timeout_s=args.quiet_timeout_s,
             budget=budget,
