@@ -24,6 +24,7 @@ the event simulation of :mod:`sloline.tuner.engine`, with a 5 s replica activati
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,7 +95,9 @@ class SimulationSettings:
     and largest window of the plan's envelope, one decision per tick, every other field
     at its default); the engine observes the envelope and λ windows as the tuner's
     settings say, for every policy; ``packing_factor``
-    None profiles AutoScale's p with :func:`sloline.tuner.baselines.packing_factor`.
+    None profiles AutoScale's p with :func:`sloline.tuner.baselines.packing_factor`;
+    ``packing_factor_scale`` multiplies that p (given or profiled): AutoScale's cost knob,
+    > 1 packs more requests into a unit (fewer units, less headroom), < 1 fewer.
     Baselines' replica bounds are replaced by each stage's bounds from the problem.
     """
 
@@ -107,6 +110,14 @@ class SimulationSettings:
     kpa: KpaSettings = field(default_factory=KpaSettings)
     autoscale_t_wait_s: float = 120.0
     packing_factor: float | None = None
+    packing_factor_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.packing_factor_scale) and self.packing_factor_scale > 0.0):
+            raise ValueError(
+                "packing_factor_scale multiplies AutoScale's packing factor and must be a "
+                f"finite number > 0 (1 keeps the profiled p), got {self.packing_factor_scale!r}"
+            )
 
 
 def _config(plan: Plan) -> tuple[StageConfig, ...]:
@@ -199,6 +210,7 @@ def _cg_autoscale(problem: PlanningProblem, plan: Plan, settings: SimulationSett
             "coarse-grained (CG-Mean) configuration to tune",
         )
     p = settings.packing_factor or packing_factor(problem, baseline.hardware, baseline.max_batch)
+    p *= settings.packing_factor_scale
     auto = AutoScaleSettings(
         p, settings.autoscale_t_wait_s, max_units=min(problem.max_replicas, 256)
     )

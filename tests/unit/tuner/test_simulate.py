@@ -36,7 +36,7 @@ from sloline.tuner.baselines import (
 from sloline.tuner.engine import EngineSettings, run_closed_loop
 from sloline.tuner.loop import Observation, Policy, StageView
 from sloline.tuner.report import SimulationReport, recovery_times, rolling_tail
-from sloline.tuner.simulate import POLICIES, simulate
+from sloline.tuner.simulate import POLICIES, SimulationSettings, build_policy, simulate
 from sloline.tuner.traces import (
     Trace,
     autoscale_trace,
@@ -382,6 +382,27 @@ def test_autoscale_adds_units_for_requests_in_system_and_removes_idle_ones() -> 
     assert autoscale_step(observe(45.0, (0.0, 0.0, 0.0)), auto) == (5, 5)  # ceil(45 / 10)
     assert autoscale_step(observe(20.0, (0.0, 0.0, 130.0)), auto) == (2, 2)  # one idle 120 s+
     assert autoscale_step(observe(20.0, (0.0, 10.0, 30.0)), auto) == (3, 3)  # not yet
+
+
+def test_the_packing_factor_scale_is_autoscales_cost_knob() -> None:
+    """The benchmark sweeps AutoScale's cost through p: units = ceil(n_sys / (p x scale))."""
+    problem, trace = tiny_problem(), tiny_trace()
+    sample = dataclasses.replace(problem, arrivals_s=trace.planning_s)
+    start = plan(sample)
+    stage = view(desired=1)
+    observation = Observation(1.0, 1.0, (stage,) * len(problem.topology.stages), 0, 45, 45.0)
+
+    def units(scale: float) -> int:
+        settings = SimulationSettings(packing_factor=10.0, packing_factor_scale=scale)
+        policy = build_policy("cg-autoscale", sample, start, trace, settings)
+        assert policy.step is not None
+        targets, _ = policy.step(observation, policy.state)
+        assert len(set(targets)) == 1  # one unit: every stage scales together
+        return targets[0]
+
+    assert [units(0.5), units(1.0), units(2.0), units(4.0)] == [9, 5, 3, 2]
+    with pytest.raises(ValueError, match="packing_factor_scale"):
+        SimulationSettings(packing_factor_scale=0.0)
 
 
 # -- traces, metrics, the comparison --------------------------------------------------------
