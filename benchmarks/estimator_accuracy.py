@@ -94,7 +94,6 @@ from sloline.planner.profile import (  # noqa: E402
 )
 from sloline.planner.profiler import (  # noqa: E402
     ProfilerSettings,
-    default_cache_dir,
     load_samples,
 )
 from sloline.planner.session import PlanningSession, plan_pipeline, planning_trace  # noqa: E402
@@ -143,7 +142,6 @@ TARGET_ERROR = 0.15
 # Other tenants of the shared machine: a cell waits for them to go quiet (at most
 # QUIET_TIMEOUT_S, then it runs anyway) and is repeated (at most MAX_ATTEMPTS times in
 # all) when they ran during it all the same; --quiet-timeout-s and --attempts bound both.
-IGNORE_NICED = [False]  # --ignore-niced: only other processes at normal priority count
 QUIET_CORES = 0.15
 QUIET_SPAN_S = 3.0
 QUIET_TIMEOUT_S = 900.0
@@ -496,43 +494,43 @@ def _ours_s(procs: dict[str, psutil.Process]) -> float:
     return sum(v for v in _cpu_s(procs).values() if math.isfinite(v))
 
 
-def others_cores_now(procs: dict[str, psutil.Process], span_s: float) -> float:
+def others_cores_now(procs: dict[str, psutil.Process], span_s: float, *, niced: bool) -> float:
     """Cores used by processes other than this pipeline and its client over ``span_s``
-    (at normal priority only, with ``--ignore-niced``)."""
+    (niced ones only with ``niced``)."""
     machine0, ours0, t0 = psutil.cpu_times(), _ours_s(procs), time.monotonic()
     time.sleep(span_s)
     machine1, ours1, t1 = psutil.cpu_times(), _ours_s(procs), time.monotonic()
     ncpu = os.cpu_count() or 1
-    busy = _machine_busy(machine0, machine1, niced=not IGNORE_NICED[0])
+    busy = _machine_busy(machine0, machine1, niced=niced)
     return busy * ncpu - (ours1 - ours0) / (t1 - t0)
 
 
-def wait_quiet(procs: dict[str, psutil.Process], timeout_s: float = QUIET_TIMEOUT_S) -> float:
+def wait_quiet(procs: dict[str, psutil.Process], timeout_s: float, *, niced: bool) -> float:
     """Wait until other processes use at most QUIET_CORES for QUIET_SPAN_S (or the timeout);
     returns the seconds waited. Other tenants' jobs on the 2 shared cores are not part of
     the system under test, so a cell should not start in the middle of one. Niced jobs
     (nice > 0, e.g. test suites under ``nice -n 19``) count too: they get little CPU time
     beside the pipeline's processes, but a core busy with one still doubled digits-
-    cascade's measured P99 (docs/planner.md, "Estimator vs reality");
-    ``--ignore-niced`` leaves them out."""
+    cascade's measured P99 (docs/planner.md, "Estimator vs reality"); ``niced`` False
+    (``--ignore-niced``) leaves them out."""
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
-        if others_cores_now(procs, QUIET_SPAN_S) <= QUIET_CORES:
+        if others_cores_now(procs, QUIET_SPAN_S, niced=niced) <= QUIET_CORES:
             break
     return time.monotonic() - start
 
 
-def _others_key() -> str:
-    return "others_normal_cores" if IGNORE_NICED[0] else "others_cores"
+def others_key(niced: bool) -> str:
+    """The cell's field of other processes' cores, niced ones included or not."""
+    return "others_cores" if niced else "others_normal_cores"
 
 
-def disturbed(cell: dict[str, Any]) -> bool:
-    """Other tenants used the cores during the cell (at normal priority only, with
-    ``--ignore-niced``): on average more than QUIET_CORES, or more than
-    DISTURBED_1S_CORES in some second."""
-    series = cell["per_second"][_others_key()]
-    worst = max((c for c in series if math.isfinite(c)), default=0.0)
-    return bool(cell[_others_key()] > QUIET_CORES or worst > DISTURBED_1S_CORES)
+def disturbed(cell: dict[str, Any], *, niced: bool) -> bool:
+    """Other tenants used the cores during the cell (niced ones counted with ``niced``):
+    on average more than QUIET_CORES, or more than DISTURBED_1S_CORES in some second."""
+    key = others_key(niced)
+    worst = max((c for c in cell["per_second"][key] if math.isfinite(c)), default=0.0)
+    return bool(cell[key] > QUIET_CORES or worst > DISTURBED_1S_CORES)
 
 
 # --------------------------------------------------------------------------- estimation
@@ -584,12 +582,6 @@ def prepare(name: str, settings: ProfilerSettings) -> Example:
         build = [sys.executable, str(path.parent / "build.py")]
         subprocess.run(build, check=True, capture_output=True)
     loaded = load_pipeline(path)
-    # The serving overhead depends on the machine's state more than the stage profiles
-    # do: measured again on every run, whatever the profile cache holds.
-    for stale in (settings.cache_dir or default_cache_dir()).glob(
-        f"{loaded.name}-serving-overhead-*.json"
-    ):
-        stale.unlink()
     session = plan_pipeline(
         loaded,
         DEFAULT_CATALOG,
@@ -608,6 +600,12 @@ def prepare(name: str, settings: ProfilerSettings) -> Example:
 
 
 # --------------------------------------------------------------------------- measurement
+def profiled_service_s(stage: StageProfile, cfg: StageConfig, batches: np.ndarray) -> np.ndarray:
+    """The profile's P50 model time of each dispatched batch (sizes ``batches``)."""
+    table = stage.latency_table_s(cfg.max_batch)
+    return np.asarray(table[np.minimum(batches.astype(int), cfg.max_batch)])
+
+
 def stage_breakdown(
     example: Example, window: dict[str, Any], result: Estimate, cpu_s: dict[str, float]
 ) -> dict[str, Any]:
@@ -620,8 +618,7 @@ def stage_breakdown(
     for m, name in enumerate(example.stages):
         cfg = example.config[m]
         batches, service = window["batch"][name], window["service_s"][name]
-        table = profile.stage(name, cfg.hardware).latency_table_s(cfg.max_batch)
-        expected = table[np.minimum(batches.astype(int), cfg.max_batch)]
+        expected = profiled_service_s(profile.stage(name, cfg.hardware), cfg, batches)
         cpu = sum(v for k, v in cpu_s.items() if k.partition("#")[0] == name)
         nonempty = bool(service.size and expected.size)
         out[name] = {
@@ -822,9 +819,7 @@ def calibrate(
         batches, service = window["batch"][name], window["service_s"][name]
         hops.append(np.maximum(window["roundtrip_s"][name] - service, 0.0))
         stage = profile.stage(name, cfg.hardware)
-        expected = stage.latency_table_s(cfg.max_batch)[
-            np.minimum(batches.astype(int), cfg.max_batch)
-        ]
+        expected = profiled_service_s(stage, cfg, batches)
         extra = max(0.0, float((service - expected).mean())) if service.size else 0.0
         measured[name] = {
             "batches": int(service.size),
@@ -894,6 +889,7 @@ def run_example(
     *,
     attempts: int = MAX_ATTEMPTS,
     quiet_timeout_s: float = QUIET_TIMEOUT_S,
+    count_niced: bool = True,
     budget: Budget | None = None,
 ) -> dict[str, Any]:
     configs = {
@@ -912,20 +908,21 @@ def run_example(
             gen.call("replay", gamma_arrivals(top, 5.0, cv2=4.0, seed=999), 120.0)
             budget = budget or Budget(None, 0.0, 0, 0)
 
-            def quiet_timeout() -> float:
-                return min(quiet_timeout_s, max(0.0, budget.slack_s()))
+            def quiet() -> float:
+                timeout_s = min(quiet_timeout_s, max(0.0, budget.slack_s()))
+                return wait_quiet(served.processes(gen.pid), timeout_s, niced=count_niced)
 
-            wait_quiet(served.processes(gen.pid), quiet_timeout())
+            quiet()
             t0 = time.monotonic()
             probe = gen.call("probe", probe_count, 300.0)
             out["idle_probe"] = idle_probe(example, probe, served.router_window(t0))
-            wait_quiet(served.processes(gen.pid), quiet_timeout())
+            quiet()
             calibrated, out["calibration"] = calibrate(example, served, gen, planned_rps)
             budget.examples_left = max(0, budget.examples_left - 1)
             for k, (rate, cv2) in enumerate(cells):
                 runs = []
                 for attempt in range(attempts):
-                    quiet_s = wait_quiet(served.processes(gen.pid), quiet_timeout())
+                    quiet_s = quiet()
                     client_cpu = client_cpu_per_request(gen, rate, cv2, seed=1000 + k)
                     print(
                         f"  {example.name}: {rate:g} rps, CV² {cv2:g}, {duration_s:g} s "
@@ -948,12 +945,13 @@ def run_example(
                     runs.append(cell)
                     print("    " + row(example.name, cell), file=sys.stderr)
                     # Again only if there is time for it and every cell still to come.
-                    if not disturbed(cell) or budget.slack_s() < 0.0:
+                    if not disturbed(cell, niced=count_niced) or budget.slack_s() < 0.0:
                         break
                 budget.cells_left = max(0, budget.cells_left - 1)
                 # The least disturbed attempt stands; every attempt is in the results.
-                kept = min(runs, key=lambda c: (disturbed(c), c[_others_key()]))
-                kept["disturbed"] = disturbed(kept)
+                key = others_key(count_niced)
+                kept = min(runs, key=lambda c: (disturbed(c, niced=count_niced), c[key]))
+                kept["disturbed"] = disturbed(kept, niced=count_niced)
                 kept["attempts"] = [
                     {
                         "others_cores": c["others_cores"],
@@ -1165,14 +1163,15 @@ def main() -> None:
         "cell measured (no serving)",
     )
     args = parser.parse_args()
-    IGNORE_NICED[0] = args.ignore_niced
     if args.client_diagnostic is not None:
         client_diagnostic(args.client_diagnostic)
         return
     if args.attempts < 1:
         parser.error("--attempts must be at least 1")
     duration_s = args.duration_s or (8.0 if args.quick else 60.0)
-    settings = ProfilerSettings(cache_dir=args.cache_dir, force=args.reprofile)
+    # The serving overhead depends on the machine's state more than the stage profiles
+    # do: measured again on every run, whatever the profile cache holds.
+    settings = ProfilerSettings(cache_dir=args.cache_dir, force=args.reprofile, force_overhead=True)
     began = time.perf_counter()
     report: dict[str, Any] = {
         "settings": {
@@ -1221,6 +1220,7 @@ def main() -> None:
             planned_rps=rate,
             attempts=args.attempts,
             quiet_timeout_s=args.quiet_timeout_s,
+            count_niced=not args.ignore_niced,
             budget=budget,
         )
         plan = example.session.plan

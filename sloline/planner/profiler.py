@@ -69,7 +69,8 @@ class ProfilerSettings:
     budget_s: float = 2.0  # wall time per (stage, class, batch size)
     samples: int = 256  # sample requests used at most
     cache_dir: Path | None = None
-    force: bool = False
+    force: bool = False  # measure everything again, whatever the cache holds
+    force_overhead: bool = False  # measure the serving overhead again (the stages: cached)
 
 
 def default_cache_dir() -> Path:
@@ -381,7 +382,7 @@ def profile_pipeline(
     overhead = cached_overhead(
         cache / f"{loaded.name}-serving-overhead-{overhead_key}.json",
         lambda: measure_overhead(samples[0], cores=cores),
-        force=settings.force,
+        force=settings.force or settings.force_overhead,
         progress=progress,
     )
     return PipelineProfile(
