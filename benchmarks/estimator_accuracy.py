@@ -77,6 +77,7 @@ process.use_grpc_iomgr()
 
 from sloline.embedded import EmbeddedPipeline, EmbeddedSettings  # noqa: E402
 from sloline.embedded import StageConfig as ServedConfig  # noqa: E402
+from sloline.planner.calibration import Calibration  # noqa: E402
 from sloline.planner.config import StageConfig  # noqa: E402
 from sloline.planner.estimator import (  # noqa: E402
     Estimate,
@@ -87,8 +88,6 @@ from sloline.planner.estimator import (  # noqa: E402
 )
 from sloline.planner.problem import PlanningProblem  # noqa: E402
 from sloline.planner.profile import (  # noqa: E402
-    BatchLatency,
-    IdlePenalty,
     PipelineProfile,
     StageProfile,
 )
@@ -793,14 +792,13 @@ def calibrate(
     example: Example, served: Served, gen: LoadGenerator, rate_rps: float
 ) -> tuple[PipelineProfile, dict[str, Any]]:
     """What the profile misses in situ, measured once at the planned load on a trace of
-    its own (CV² 1, a seed no cell uses): per stage, how much longer the workers' model
-    time per batch is than the profile at the dispatched batch sizes (on average: a cost
-    per batch, like the idle penalty it then replaces); every batch's hop, its round trip
-    on the router less its model time; and the request path outside the router.
+    its own (CV² 1, a seed no cell uses): the product's calibration
+    (:class:`sloline.planner.calibration.Calibration`, what ``sloline run
+    --calibration-out`` writes: per stage the extra model time per batch, and the in-situ
+    hops), plus what only a client sees, the request path outside the router.
 
-    Returns the profile with that extra time added to each batch latency of the stage on
-    the plan's hardware (and no idle penalty, which the in-situ time includes), the
-    in-situ hops and request paths in place of the idle probe's, and what was measured."""
+    Returns the profile with the calibration applied and the in-situ request paths in place
+    of the idle probe's, and what was measured."""
     arrivals = gamma_arrivals(rate_rps, CALIBRATION_S, cv2=1.0, seed=0)
     t0 = time.monotonic()
     replay = gen.call("replay", arrivals, CALIBRATION_S + DRAIN_S + 60.0)
@@ -812,48 +810,33 @@ def calibrate(
     levels = (np.arange(min(client.size, router.size)) + 0.5) / min(client.size, router.size)
     request_s = np.maximum(np.quantile(client, levels) - np.quantile(router, levels), 0.0)
     profile = example.session.profile
-    stages: dict[str, dict[str, StageProfile]] = {n: dict(p) for n, p in profile.stages.items()}
-    hops, measured = [], {}
-    for m, name in enumerate(example.stages):
-        cfg = example.config[m]
-        batches, service = window["batch"][name], window["service_s"][name]
-        hops.append(np.maximum(window["roundtrip_s"][name] - service, 0.0))
-        stage = profile.stage(name, cfg.hardware)
-        expected = profiled_service_s(stage, cfg, batches)
-        extra = max(0.0, float((service - expected).mean())) if service.size else 0.0
-        measured[name] = {
-            "batches": int(service.size),
-            "extra_ms": extra * 1e3,
-            "ratio": float(service.mean() / expected.mean()) if service.size else math.nan,
-        }
-        idle = (
-            IdlePenalty(stage.idle.gaps_s, (0.0,) * len(stage.idle.gaps_s))
-            if stage.idle is not None
-            else None
-        )
-        points = tuple(
-            BatchLatency(
-                p.batch_size,
-                p.p50_s + extra,
-                p.p99_s + extra,
-                p.mean_s + extra,
-                tuple(v + extra for v in p.samples_s),
-            )
-            for p in stage.points
-        )
-        stages[name][cfg.hardware] = StageProfile(stage.hardware, points, idle, stage.cores)
-    assert profile.overhead is not None
-    hop_s = np.concatenate(hops)
-    overhead = replace(
-        profile.overhead, hop_s=tuple(hop_s.tolist()), request_s=tuple(request_s.tolist())
+    calibration = Calibration.measure(
+        profile,
+        {n: (c.hardware, c.max_batch) for n, c in zip(example.stages, example.config, strict=True)},
+        window["batch"],
+        window["service_s"],
+        window["roundtrip_s"],
+        pipeline=example.name,
+        duration_s=CALIBRATION_S,
+        requests=int(router.size),
     )
-    calibrated = replace(profile, stages=stages, overhead=overhead)
+    calibrated = calibration.apply(profile)
+    assert profile.overhead is not None
+    assert calibrated.overhead is not None
+    overhead = replace(calibrated.overhead, request_s=tuple(request_s.tolist()))
     info = {
         "rate_rps": rate_rps,
         "duration_s": CALIBRATION_S,
-        "stages": measured,
-        "hop_p50_ms": percentile(hop_s, 50.0) * 1e3,
-        "hop_p99_ms": percentile(hop_s, 99.0) * 1e3,
+        "stages": {
+            n: {
+                "batches": s.batches,
+                "extra_ms": s.extra_s * 1e3,
+                "ratio": s.service_mean_s / s.profile_mean_s if s.batches else math.nan,
+            }
+            for n, s in calibration.stages.items()
+        },
+        "hop_p50_ms": percentile(np.asarray(calibration.hop_s), 50.0) * 1e3,
+        "hop_p99_ms": percentile(np.asarray(calibration.hop_s), 99.0) * 1e3,
         "probe_hop_p50_ms": profile.overhead.hop_median_s * 1e3,
         "probe_hop_p99_ms": percentile(profile.overhead.hop_table_s(), 99.0) * 1e3,
         "request_p50_ms": percentile(request_s, 50.0) * 1e3,
@@ -861,7 +844,7 @@ def calibrate(
         "probe_request_p50_ms": profile.overhead.request_median_s * 1e3,
         "probe_request_p99_ms": percentile(profile.overhead.request_table_s(), 99.0) * 1e3,
     }
-    return calibrated, info
+    return replace(calibrated, overhead=overhead), info
 
 
 class Budget:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from sloline.planner.session import PlanningSession
 
 EXIT_INVALID = 2
+CALIBRATION_WARMUP_BATCHES = 20  # `run --calibration-out`: each stage's first batches warm up
 
 
 def _assignments(values: Sequence[str], flag: str, kind: type = int) -> dict[str, object]:
@@ -117,17 +118,46 @@ def cmd_run(args: argparse.Namespace) -> int:
         tuner=not args.no_tuner,
     )
     stage_configs(loaded, settings)  # reject bad flags before spending time on profiling
-    plan = None
+    if args.calibration_out and args.no_plan:
+        raise _flag_error("--calibration-out", "compares serving with the profile: drop --no-plan")
+    if args.calibration_out and not Path(args.calibration_out).resolve().parent.is_dir():
+        raise _flag_error("--calibration-out", f"{args.calibration_out}: no such directory")
+    plan = profile = None
     if not args.no_plan:
         check_models(loaded)
-        plan = _plan(args, loaded).plan
+        profile = _profile(args, loaded)
+        plan = _plan(args, loaded, profile).plan
         print(plan.to_table())
     configs = stage_configs(loaded, settings, plan)
     pipeline = EmbeddedPipeline(loaded, settings, configs=configs, plan=plan)
-    return process.run(_serve(pipeline, args))
+    return process.run(_serve(pipeline, args, profile))
 
 
-async def _serve(pipeline: object, args: argparse.Namespace) -> int:
+def _calibrate(pipeline: object, profile: PipelineProfile, since: float, path: Path) -> None:
+    """Measure a calibration from the router's records since ``since`` and write it."""
+    from sloline.embedded import EmbeddedPipeline
+    from sloline.planner.calibration import Calibration
+
+    assert isinstance(pipeline, EmbeddedPipeline)
+    stats, now = pipeline.router.stats, pipeline.router.clock()
+    calibration = Calibration.measure(
+        profile,
+        {n: (c.hardware, c.max_batch) for n, c in pipeline.configs.items()},
+        {n: r.since(since) for n, r in stats.stage_batch.items()},
+        {n: r.since(since) for n, r in stats.stage_service.items()},
+        {n: r.since(since) for n, r in stats.stage_roundtrip.items()},
+        pipeline=pipeline.loaded.name,
+        duration_s=max(0.0, now - since),
+        requests=int(stats.latency.since(since).size),
+        warmup_batches=CALIBRATION_WARMUP_BATCHES,
+    )
+    calibration.save(path)
+    print(f"{calibration.summary()}\ncalibration written to {path}", flush=True)
+
+
+async def _serve(
+    pipeline: object, args: argparse.Namespace, profile: PipelineProfile | None = None
+) -> int:
     from sloline.embedded import EmbeddedPipeline
     from sloline.serving import process
     from sloline.serving.stats import Window
@@ -159,6 +189,7 @@ async def _serve(pipeline: object, args: argparse.Namespace) -> int:
             flush=True,
         )
         started = time.monotonic()
+        serving_since = p.router.clock()
         interval = args.status_interval
         redraw = sys.stdout.isatty()
         drawn = 0
@@ -204,6 +235,8 @@ async def _serve(pipeline: object, args: argparse.Namespace) -> int:
                 sys.stdout.write(f"\x1b[{drawn}F\x1b[J")  # redraw the status block in place
             print(text, flush=True)
             drawn = text.count("\n") + 1
+        if args.calibration_out and profile is not None:
+            _calibrate(p, profile, serving_since, Path(args.calibration_out))
         print("stopping: draining in-flight requests, then workers", flush=True)
     return 0
 
@@ -245,6 +278,10 @@ def cmd_router(args: argparse.Namespace) -> int:
         return 0
 
     return process.run(serve())
+
+
+def _flag_error(flag: str, reason: str) -> PipelineError:
+    return PipelineError([Issue(flag, reason)], "flags")
 
 
 def _catalog(args: argparse.Namespace) -> HardwareCatalog:
@@ -293,12 +330,35 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan(args: argparse.Namespace, loaded: LoadedPipeline) -> PlanningSession:
-    """Profile (cached) and plan; `main` reports an InfeasibleError."""
+def _plan(
+    args: argparse.Namespace, loaded: LoadedPipeline, profile: PipelineProfile | None = None
+) -> PlanningSession:
+    """Profile (cached), apply ``--calibration`` if given, and plan; `main` reports an
+    InfeasibleError."""
+    from sloline.planner.calibration import Calibration
     from sloline.planner.session import plan_pipeline
 
+    calibration = None
+    if args.calibration:
+        try:
+            calibration = Calibration.load(Path(args.calibration))
+        except ValueError as exc:
+            raise _flag_error("--calibration", str(exc)) from None
+        if calibration.pipeline != loaded.name:
+            raise _flag_error(
+                "--calibration",
+                f"{args.calibration} calibrates pipeline {calibration.pipeline!r}, "
+                f"not {loaded.name!r}",
+            )
+    profile = profile or _profile(args, loaded)
+    if calibration is not None:
+        try:
+            profile = calibration.apply(profile)
+        except ValueError as exc:
+            raise _flag_error("--calibration", str(exc)) from None
+        print(calibration.summary(), file=sys.stderr, flush=True)
     progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    return plan_pipeline(loaded, _catalog(args), progress=progress, profile=_profile(args, loaded))
+    return plan_pipeline(loaded, _catalog(args), progress=progress, profile=profile)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -487,6 +547,15 @@ def _add_profile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", help="profile cache (default ~/.cache/sloline/profiles)")
 
 
+def _add_planning_flags(p: argparse.ArgumentParser) -> None:
+    _add_profile_flags(p)
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="plan with the serving measurements of `sloline run --calibration-out`",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement per flag
     parser = argparse.ArgumentParser(
         prog="sloline",
@@ -520,7 +589,12 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
         help="skip profiling/planning: flags, spec overrides or 1 replica, batch 1",
     )
     p.add_argument("--no-tuner", action="store_true", help="keep the planned replica counts")
-    _add_profile_flags(p)
+    p.add_argument(
+        "--calibration-out",
+        metavar="FILE",
+        help="on stop, write what serving measured beyond the profile (for --calibration)",
+    )
+    _add_planning_flags(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(
@@ -574,7 +648,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("file")
     p.add_argument("--out", help="write the plan as YAML (or JSON if the name ends .json)")
     p.add_argument("--cdf", help="draw the estimated latency CDF vs the SLO to this PNG")
-    _add_profile_flags(p)
+    _add_planning_flags(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("simulate", help="closed-loop simulation of the tuner vs baselines")
@@ -588,7 +662,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("--policies", default="", help="comma-separated (default: all)")
     p.add_argument("--scale", type=float, default=1.0, help="shrink trace durations (0.1)")
     p.add_argument("--out-dir", help="draw one PNG per trace here")
-    _add_profile_flags(p)
+    _add_planning_flags(p)
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("profile-stage", help="time one stage in this process (internal)")

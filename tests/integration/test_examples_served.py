@@ -19,6 +19,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 
+from sloline.cli import CALIBRATION_WARMUP_BATCHES
+from sloline.planner.calibration import Calibration
 from sloline.serving.inprocess import InProcessPipeline
 from sloline.serving.router import RouterSettings
 from sloline.spec import load_pipeline
@@ -56,7 +58,8 @@ def test_digits_cascade_via_cli_with_tritonclient(
 ) -> None:
     """`sloline run` (the README's command: profile, plan, serve) serves the cascade; HTTP
     and gRPC clients get the test split's predictions; the cascade is at least as accurate
-    as the fast model."""
+    as the fast model. On stop it writes a calibration (``--calibration-out``) that counts
+    exactly the batches served, and ``sloline plan --calibration`` plans with it."""
     x_test, y_test = digits_module.labelled_test_split()
     http_port, grpc_port = free_port(), free_port()
     process = subprocess.Popen(
@@ -74,6 +77,8 @@ def test_digits_cascade_via_cli_with_tritonclient(
             "0",
             "--cache-dir",
             str(tmp_path / "profiles"),
+            "--calibration-out",
+            str(tmp_path / "calibration.json"),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -128,6 +133,26 @@ def test_digits_cascade_via_cli_with_tritonclient(
     assert items("fast") == 2 * len(x_test)
     assert cascade_accuracy >= fast_accuracy
     assert 0.0 < reached < 0.5
+
+    # One request at a time: every batch holds one item, so the calibration counts every
+    # request the fast stage served, less the warm-up batches it leaves out.
+    calibration = Calibration.load(tmp_path / "calibration.json")
+    fast_stage = calibration.stages["fast"]
+    assert fast_stage.batches == 2 * len(x_test) - CALIBRATION_WARMUP_BATCHES, output
+    assert fast_stage.mean_batch == 1.0 and fast_stage.extra_s >= 0.0
+    assert calibration.stages["accurate"].batches == items("accurate") - CALIBRATION_WARMUP_BATCHES
+    assert len(calibration.hop_s) > 0 and min(calibration.hop_s) >= 0.0
+    assert "calibration written to" in output
+    planned = subprocess.run(
+        [sys.executable, "-m", "sloline", "plan",
+         str(EXAMPLES / "digits-cascade" / "pipeline.yaml"),
+         "--cache-dir", str(tmp_path / "profiles"),
+         "--calibration", str(tmp_path / "calibration.json")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    assert "calibration of 'digits-cascade'" in planned.stderr
+    assert "plan for digits-cascade" in planned.stdout
 
 
 def test_image_ensemble_1000_concurrent_requests_match_in_process() -> None:

@@ -1,0 +1,260 @@
+"""Calibration: what serving measured that the profile misses, fed back to the planner.
+
+The profiler times each stage alone, in a quiet worker, one batch at a time. Served at
+load, a worker shares the host with the router, the other workers and the clients: a
+batch then takes longer than its profile (wake-ups, gRPC, caches), and a hop takes far
+longer than the idle probe's (docs/planner.md, "Estimator vs reality": in-situ hops of
+0.75-0.95 ms at the median against 0.03-0.21 ms idle). A :class:`Calibration` records, from
+the router's own per-batch records of a real run:
+
+- per stage, the mean model time per batch beyond the profile's P50 at the batch sizes the
+  router dispatched (``extra_s``, clamped at 0: a calibration never makes a stage faster
+  than its profile);
+- the in-situ hop: each batch's round trip on the router less the worker's model time.
+
+:meth:`Calibration.apply` adds each stage's extra time to every batch size of that stage on
+*every* hardware class (the extra is the host's cost of serving the stage, not the model's,
+so it is carried to the classes that were not served; with no in-situ idle gaps left to
+model, the idle penalty is dropped, as the extra already includes the wake-ups at that
+load) and replaces the idle probe's hop samples with the in-situ ones. The request path
+outside the router is left as profiled: the router does not see its clients.
+
+``sloline run FILE --calibration-out calib.json`` measures one while serving real
+traffic; ``sloline plan FILE --calibration calib.json`` (and ``sloline run``) plan with it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
+
+__all__ = ["CALIBRATION_FORMAT", "MIN_BATCHES", "Calibration", "StageCalibration"]
+
+CALIBRATION_FORMAT = 1
+MIN_BATCHES = 50
+"""A stage (and the hop) needs this many measured batches to be calibrated."""
+HOP_QUANTILES = 1000
+"""In-situ hop samples are stored as this many equally likely quantiles."""
+
+Samples = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class StageCalibration:
+    """One stage as served: its configuration and what its batches took beyond the profile."""
+
+    hardware: str
+    max_batch: int
+    batches: int
+    mean_batch: float
+    service_mean_s: float  # the workers' model time per batch, in situ
+    profile_mean_s: float  # the profile's P50 at the same batch sizes
+    extra_s: float  # max(0, service_mean_s - profile_mean_s)
+
+    @property
+    def applied(self) -> bool:
+        return self.batches >= MIN_BATCHES
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hardware": self.hardware,
+            "maxBatch": self.max_batch,
+            "batches": self.batches,
+            "meanBatch": self.mean_batch,
+            "serviceMeanSeconds": self.service_mean_s,
+            "profileMeanSeconds": self.profile_mean_s,
+            "extraSeconds": self.extra_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StageCalibration:
+        return cls(
+            hardware=str(data["hardware"]),
+            max_batch=int(data["maxBatch"]),
+            batches=int(data["batches"]),
+            mean_batch=float(data["meanBatch"]),
+            service_mean_s=float(data["serviceMeanSeconds"]),
+            profile_mean_s=float(data["profileMeanSeconds"]),
+            extra_s=float(data["extraSeconds"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """What one served run measured (module docstring); JSON via :meth:`save` / :meth:`load`."""
+
+    pipeline: str
+    duration_s: float
+    requests: int
+    stages: Mapping[str, StageCalibration]
+    hop_s: tuple[float, ...]  # in-situ hop quantiles; () with too few batches
+
+    @classmethod
+    def measure(
+        cls,
+        profile: PipelineProfile,
+        served: Mapping[str, tuple[str, int]],
+        batches: Mapping[str, Samples],
+        service_s: Mapping[str, Samples],
+        roundtrip_s: Mapping[str, Samples],
+        *,
+        pipeline: str,
+        duration_s: float,
+        requests: int,
+        warmup_batches: int = 0,
+    ) -> Calibration:
+        """From the router's per-batch records of a run: ``served[stage]`` = (hardware, max
+        batch); per stage the dispatched batch sizes, the workers' model time per batch and
+        each batch's round trip (the router's ``stage_batch``, ``stage_service`` and
+        ``stage_roundtrip``), oldest first; the first ``warmup_batches`` of each stage
+        (connections, first calls) are left out. Means are taken per array, so a batch
+        dispatched but not answered when the records were read shifts only its own share."""
+        stages: dict[str, StageCalibration] = {}
+        hops: list[Samples] = []
+        for name, (hardware, max_batch) in served.items():
+            sizes, service, roundtrip = (
+                np.asarray(records.get(name, ()), dtype=np.float64)[warmup_batches:]
+                for records in (batches, service_s, roundtrip_s)
+            )
+            table = profile.stage(name, hardware).latency_table_s(max_batch)
+            count = min(sizes.size, service.size)
+            if count:
+                expected = float(table[np.clip(sizes.astype(int), 1, max_batch)].mean())
+                in_situ = float(service.mean())
+            else:
+                expected = in_situ = math.nan
+            stages[name] = StageCalibration(
+                hardware=hardware,
+                max_batch=max_batch,
+                batches=count,
+                mean_batch=float(sizes.mean()) if sizes.size else math.nan,
+                service_mean_s=in_situ,
+                profile_mean_s=expected,
+                extra_s=max(0.0, in_situ - expected) if count else 0.0,
+            )
+            paired = min(service.size, roundtrip.size)
+            if paired:
+                hops.append(np.maximum(roundtrip[-paired:] - service[-paired:], 0.0))
+        hop = np.concatenate(hops) if hops else np.empty(0)
+        quantiles: tuple[float, ...] = ()
+        if hop.size >= MIN_BATCHES:
+            levels = (np.arange(HOP_QUANTILES) + 0.5) / HOP_QUANTILES
+            quantiles = tuple(np.quantile(hop, levels, method="inverted_cdf").tolist())
+        return cls(pipeline, duration_s, requests, stages, quantiles)
+
+    def apply(self, profile: PipelineProfile) -> PipelineProfile:
+        """``profile`` with this calibration's extra time and in-situ hops (module docstring).
+
+        Raises ValueError when the calibration names a stage the profile does not have (it
+        was measured on another pipeline)."""
+        unknown = sorted(set(self.stages) - set(profile.stages))
+        if unknown:
+            raise ValueError(
+                f"calibration of pipeline {self.pipeline!r} names stages {unknown} that the "
+                f"profile does not have ({sorted(profile.stages)})"
+            )
+        stages = {name: dict(per_hw) for name, per_hw in profile.stages.items()}
+        for name, measured in self.stages.items():
+            if not measured.applied:
+                continue
+            for hardware, stage in profile.stages[name].items():
+                stages[name][hardware] = _slower(stage, measured.extra_s)
+        calibrated = replace(profile, stages=stages)
+        if not self.hop_s:
+            return calibrated
+        if profile.overhead is None:
+            return replace(calibrated, hop_s=float(np.median(self.hop_s)))
+        return replace(
+            calibrated,
+            hop_s=float(np.median(self.hop_s)),
+            overhead=replace(profile.overhead, hop_s=self.hop_s),
+        )
+
+    def summary(self) -> str:
+        """A few lines for the CLI: per stage the extra time, and the hop."""
+        lines = [
+            f"calibration of {self.pipeline!r}: {self.requests} requests over "
+            f"{self.duration_s:.0f} s served"
+        ]
+        for name, s in self.stages.items():
+            if not s.applied:
+                lines.append(
+                    f"  {name}: {s.batches} batches on {s.hardware}, fewer than {MIN_BATCHES}: "
+                    "not applied"
+                )
+                continue
+            lines.append(
+                f"  {name}: {s.batches} batches on {s.hardware} (mean {s.mean_batch:.1f} items), "
+                f"{s.service_mean_s * 1e3:.2f} ms per batch vs profiled "
+                f"{s.profile_mean_s * 1e3:.2f} ms: +{s.extra_s * 1e3:.2f} ms per batch"
+            )
+        if self.hop_s:
+            hop = np.asarray(self.hop_s)
+            lines.append(
+                f"  hop in situ: P50 {np.median(hop) * 1e3:.2f} ms, "
+                f"P99 {np.quantile(hop, 0.99) * 1e3:.2f} ms"
+            )
+        else:
+            lines.append(f"  hop: fewer than {MIN_BATCHES} batches, the profiled hop is kept")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": CALIBRATION_FORMAT,
+            "pipeline": self.pipeline,
+            "durationSeconds": self.duration_s,
+            "requests": self.requests,
+            "stages": {name: s.to_dict() for name, s in self.stages.items()},
+            "hopSeconds": list(self.hop_s),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
+        if data.get("format") != CALIBRATION_FORMAT:
+            raise ValueError(
+                f"calibration format {data.get('format')!r} is not {CALIBRATION_FORMAT}; "
+                "measure it again with this version (`sloline run --calibration-out`)"
+            )
+        return cls(
+            pipeline=str(data["pipeline"]),
+            duration_s=float(data["durationSeconds"]),
+            requests=int(data["requests"]),
+            stages={str(k): StageCalibration.from_dict(v) for k, v in data["stages"].items()},
+            hop_s=tuple(float(v) for v in data["hopSeconds"]),
+        )
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Calibration:
+        """Read a calibration file; ValueError naming the file when it is not one."""
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise ValueError(f"{path}: not a sloline calibration: {detail}") from None
+
+
+def _slower(stage: StageProfile, extra_s: float) -> StageProfile:
+    """``stage`` with ``extra_s`` added to every batch latency and no idle penalty."""
+    points = tuple(
+        BatchLatency(
+            p.batch_size,
+            p.p50_s + extra_s,
+            p.p99_s + extra_s,
+            p.mean_s + extra_s,
+            tuple(v + extra_s for v in p.samples_s),
+        )
+        for p in stage.points
+    )
+    return StageProfile(stage.hardware, points, None, stage.cores)

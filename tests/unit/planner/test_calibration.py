@@ -1,0 +1,127 @@
+"""Calibration: measured from the router's per-batch records, applied to a profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sloline.planner.calibration import MIN_BATCHES, Calibration
+from sloline.planner.config import StageConfig
+from sloline.planner.estimator import Workload, estimate
+from sloline.planner.overhead import ServingOverhead
+from sloline.planner.profile import IdlePenalty, PipelineProfile, StageProfile
+from sloline.planner.topology import Topology
+
+LATENCY_S = {1: 0.010, 2: 0.012, 4: 0.016}
+
+
+def _stage(hardware: str, scale: float = 1.0) -> StageProfile:
+    base = StageProfile.from_latencies(hardware, {b: v * scale for b, v in LATENCY_S.items()})
+    return StageProfile(base.hardware, base.points, IdlePenalty((0.1,), (0.002,)))
+
+
+def _profile() -> PipelineProfile:
+    overhead = ServingOverhead(1e-4, 5e-5, 1e-5, 1e-4, (1e-4, 2e-4), (3e-4,))
+    return PipelineProfile(
+        stages={
+            "a": {"cpu-1": _stage("cpu-1"), "cpu-2": _stage("cpu-2", 0.6)},
+            "b": {"cpu-1": _stage("cpu-1")},
+        },
+        hop_s=1.5e-4,
+        overhead=overhead,
+    )
+
+
+def _measured(extra_s: float, hop_s: float, batches_b: int = 200) -> Calibration:
+    rng = np.random.default_rng(0)
+    sizes_a = rng.choice([1, 2, 4], size=300).astype(np.float64)
+    sizes_b = np.ones(batches_b)
+    service_a = np.array([LATENCY_S[int(k)] for k in sizes_a]) + extra_s
+    service_b = np.full(batches_b, LATENCY_S[1] + extra_s)
+    return Calibration.measure(
+        _profile(),
+        {"a": ("cpu-1", 4), "b": ("cpu-1", 1)},
+        {"a": sizes_a, "b": sizes_b},
+        {"a": service_a, "b": service_b},
+        {"a": service_a + hop_s, "b": service_b + hop_s},
+        pipeline="p",
+        duration_s=30.0,
+        requests=600,
+    )
+
+
+def test_measure_reads_the_extra_time_per_batch_and_the_in_situ_hop() -> None:
+    calibration = _measured(extra_s=0.002, hop_s=0.0008)
+    a = calibration.stages["a"]
+    assert a.batches == 300 and a.applied
+    assert a.extra_s == pytest.approx(0.002)
+    assert a.service_mean_s - a.profile_mean_s == pytest.approx(0.002)
+    assert len(calibration.hop_s) == 1000
+    assert np.median(calibration.hop_s) == pytest.approx(0.0008)
+
+
+def test_a_faster_stage_is_not_made_faster_than_its_profile() -> None:
+    assert _measured(extra_s=-0.003, hop_s=0.0).stages["a"].extra_s == 0.0
+
+
+def test_apply_adds_the_extra_on_every_hardware_class_and_replaces_the_hop() -> None:
+    profile = _profile()
+    calibrated = _measured(extra_s=0.002, hop_s=0.0008).apply(profile)
+    for hardware in ("cpu-1", "cpu-2"):  # served on cpu-1 only: carried to cpu-2
+        before, after = profile.stage("a", hardware), calibrated.stage("a", hardware)
+        assert after.idle is None
+        for p0, p1 in zip(before.points, after.points, strict=True):
+            assert p1.p50_s == pytest.approx(p0.p50_s + 0.002)
+            assert p1.p99_s == pytest.approx(p0.p99_s + 0.002)
+    assert calibrated.overhead is not None
+    assert np.median(calibrated.overhead.hop_s) == pytest.approx(0.0008)
+    assert calibrated.hop_s == pytest.approx(0.0008)
+    assert calibrated.overhead.request_s == profile.overhead.request_s  # type: ignore[union-attr]
+
+
+def test_the_estimate_moves_by_what_was_measured() -> None:
+    """A two-stage chain at low load: the calibrated P50 is the profile's plus the extra
+    time on both stages plus the hop difference on both hops (no idle penalty here: the
+    calibration drops it, as the in-situ time includes the wake-ups)."""
+    plain = StageProfile.from_latencies("cpu-1", LATENCY_S)
+    profile = PipelineProfile(stages={"a": {"cpu-1": plain}, "b": {"cpu-1": plain}}, hop_s=1e-4)
+    topology = Topology.chain(("a", "b"))
+    arrivals = np.arange(200, dtype=np.float64)  # 1 rps: nothing queues
+    config = (StageConfig("cpu-1", 1, 1), StageConfig("cpu-1", 1, 1))
+
+    def p50(p: PipelineProfile) -> float:
+        workload = Workload.build(topology, p, arrivals)
+        return estimate(topology, p, config, workload).percentile_s(50.0)
+
+    calibrated = _measured(extra_s=0.002, hop_s=0.0008).apply(profile)
+    expected = 2 * 0.002 + 2 * (0.0008 - 1e-4)
+    assert p50(calibrated) - p50(profile) == pytest.approx(expected, abs=2e-4)
+
+
+def test_a_stage_with_too_few_batches_is_left_as_profiled() -> None:
+    calibration = _measured(extra_s=0.002, hop_s=0.0, batches_b=MIN_BATCHES - 1)
+    assert not calibration.stages["b"].applied
+    calibrated = calibration.apply(_profile())
+    assert calibrated.stage("b", "cpu-1") == _profile().stage("b", "cpu-1")
+    assert "fewer than" in calibration.summary()
+
+
+def test_round_trip_and_clear_errors(tmp_path: Path) -> None:
+    calibration = _measured(extra_s=0.001, hop_s=0.0005)
+    path = tmp_path / "calibration.json"
+    calibration.save(path)
+    assert Calibration.load(path) == calibration
+    data = json.loads(path.read_text())
+    data["format"] = 0
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="calibration format 0 is not 1"):
+        Calibration.load(path)
+    path.write_text("{}")
+    with pytest.raises(ValueError, match=r"calibration\.json: not a sloline calibration"):
+        Calibration.load(path)
+    other = PipelineProfile(stages={"x": {"cpu-1": _stage("cpu-1")}})
+    with pytest.raises(ValueError, match=r"names stages \['a', 'b'\]"):
+        calibration.apply(other)
