@@ -140,18 +140,22 @@ def _calibrate(pipeline: object, profile: PipelineProfile, since: float, path: P
 
     assert isinstance(pipeline, EmbeddedPipeline)
     stats, now = pipeline.router.stats, pipeline.router.clock()
-    calibration = Calibration.measure(
-        profile,
-        {n: (c.hardware, c.max_batch) for n, c in pipeline.configs.items()},
-        {n: r.since(since) for n, r in stats.stage_batch.items()},
-        {n: r.since(since) for n, r in stats.stage_service.items()},
-        {n: r.since(since) for n, r in stats.stage_roundtrip.items()},
-        pipeline=pipeline.loaded.name,
-        duration_s=max(0.0, now - since),
-        requests=int(stats.latency.since(since).size),
-        warmup_batches=CALIBRATION_WARMUP_BATCHES,
-    )
-    calibration.save(path)
+    try:
+        calibration = Calibration.measure(
+            profile,
+            {n: (c.hardware, c.max_batch) for n, c in pipeline.configs.items()},
+            {n: r.since(since) for n, r in stats.stage_batch.items()},
+            {n: r.since(since) for n, r in stats.stage_service.items()},
+            {n: r.since(since) for n, r in stats.stage_roundtrip.items()},
+            pipeline=pipeline.loaded.name,
+            duration_s=max(0.0, now - since),
+            requests=int(stats.latency.since(since).size),
+            warmup_batches=CALIBRATION_WARMUP_BATCHES,
+        )
+        calibration.save(path)
+    except (KeyError, ValueError, OSError) as exc:  # e.g. --hardware on an unprofiled class
+        print(f"error: calibration not written to {path}: {exc}", file=sys.stderr, flush=True)
+        return
     print(f"{calibration.summary()}\ncalibration written to {path}", flush=True)
 
 
