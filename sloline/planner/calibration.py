@@ -58,7 +58,11 @@ class StageCalibration:
     mean_batch: float
     service_mean_s: float  # the workers' model time per batch, in situ
     profile_mean_s: float  # the profile's P50 at the same batch sizes
-    extra_s: float  # max(0, service_mean_s - profile_mean_s)
+
+    @property
+    def extra_s(self) -> float:
+        """What a batch took beyond its profile, never below 0 (0 without batches)."""
+        return max(0.0, self.service_mean_s - self.profile_mean_s) if self.batches else 0.0
 
     @property
     def applied(self) -> bool:
@@ -72,7 +76,6 @@ class StageCalibration:
             "meanBatch": self.mean_batch,
             "serviceMeanSeconds": self.service_mean_s,
             "profileMeanSeconds": self.profile_mean_s,
-            "extraSeconds": self.extra_s,
         }
 
     @classmethod
@@ -84,7 +87,6 @@ class StageCalibration:
             mean_batch=float(data["meanBatch"]),
             service_mean_s=float(data["serviceMeanSeconds"]),
             profile_mean_s=float(data["profileMeanSeconds"]),
-            extra_s=float(data["extraSeconds"]),
         )
 
 
@@ -139,7 +141,6 @@ class Calibration:
                 mean_batch=float(sizes.mean()) if sizes.size else math.nan,
                 service_mean_s=in_situ,
                 profile_mean_s=expected,
-                extra_s=max(0.0, in_situ - expected) if count else 0.0,
             )
             paired = min(service.size, roundtrip.size)
             if paired:
@@ -171,13 +172,8 @@ class Calibration:
         calibrated = replace(profile, stages=stages)
         if not self.hop_s:
             return calibrated
-        if profile.overhead is None:
-            return replace(calibrated, hop_s=float(np.median(self.hop_s)))
-        return replace(
-            calibrated,
-            hop_s=float(np.median(self.hop_s)),
-            overhead=replace(profile.overhead, hop_s=self.hop_s),
-        )
+        overhead = profile.overhead and replace(profile.overhead, hop_s=self.hop_s)
+        return replace(calibrated, hop_s=float(np.median(self.hop_s)), overhead=overhead)
 
     def summary(self) -> str:
         """A few lines for the CLI: per stage the extra time, and the hop."""
