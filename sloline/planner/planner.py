@@ -154,25 +154,47 @@ def _grow(problem: PlanningProblem, m: int, c: StageConfig) -> StageConfig:
 
 def initialize(problem: PlanningProblem, evaluator: Evaluator) -> Config:
     """Algorithm 1: a feasible, latency-minimising starting configuration, or raise
-    :class:`InfeasibleError`."""
-    config = tuple(
+    :class:`InfeasibleError`.
+
+    The paper's start is every stage on its fastest hardware. Where the workers share the
+    machine's cores (the embedded mode), a replica with more threads, or one more replica,
+    also slows every other stage down, so that start need not be latency-minimising and
+    growing it can raise the tail. So each hardware class is a start too (every stage that
+    may use it on it); the starts are grown in order of their estimated tail, lowest
+    first, until one becomes feasible (docs/planner.md, "Guarantees"). With dedicated
+    cores the fastest start has the lowest tail, and this is the paper's Algorithm 1."""
+    fastest = _start(problem)
+    _check_service_time(problem, evaluator, fastest)
+    by_price = sorted(problem.hardware_costs, key=lambda hw: (problem.hardware_costs[hw], hw))
+    starts = list(dict.fromkeys([fastest] + [_start(problem, prefer=hw) for hw in by_price]))
+    if len(starts) > 1:  # lowest estimated tail first; ties keep the paper's start first
+        tails = {start: evaluator.evaluate(start).tail_s for start in starts}
+        starts.sort(key=lambda start: tails[start])
+    for start in starts:
+        feasible = _grow_until_feasible(problem, evaluator, start)
+        if feasible is not None:
+            return feasible
+    raise InfeasibleError(
+        "ReplicaLimit",
+        f"with every stage at its replica bound and batch cap the estimated "
+        f"P{problem.percentile:g} latency still exceeds the SLO "
+        f"({problem.slo_s * 1e3:.1f} ms); raise maxReplicas or relax the SLO",
+    )
+
+
+def _start(problem: PlanningProblem, prefer: str | None = None) -> Config:
+    """Every stage at batch 1 (or its pinned batch) with the fewest replicas, on ``prefer``
+    where the stage may use it, else on its fastest hardware."""
+    return tuple(
         StageConfig(
-            hardware=_best_hardware(problem, name),
+            hardware=prefer
+            if prefer in problem.usable_hardware(name)
+            else _best_hardware(problem, name),
             max_batch=problem.override(name).max_batch or 1,
             replicas=problem.replica_bounds(name)[0],
         )
         for name in problem.topology.stages
     )
-    _check_service_time(problem, evaluator, config)
-    feasible = _grow_until_feasible(problem, evaluator, config)
-    if feasible is None:
-        raise InfeasibleError(
-            "ReplicaLimit",
-            f"with every stage at its replica bound and batch cap the estimated "
-            f"P{problem.percentile:g} latency still exceeds the SLO "
-            f"({problem.slo_s * 1e3:.1f} ms); raise maxReplicas or relax the SLO",
-        )
-    return feasible
 
 
 def _grow_until_feasible(
