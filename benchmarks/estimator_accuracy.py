@@ -60,7 +60,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
@@ -75,9 +75,11 @@ from sloline.serving import process
 # first imported, below) and glibc's malloc thresholds; uvloop and gc.freeze() follow.
 process.use_grpc_iomgr()
 
+from sloline.calibrate import DRAIN_S  # noqa: E402
+from sloline.calibrate import replay as replay_arrivals  # noqa: E402
 from sloline.embedded import EmbeddedPipeline, EmbeddedSettings  # noqa: E402
 from sloline.embedded import StageConfig as ServedConfig  # noqa: E402
-from sloline.planner.calibration import Calibration  # noqa: E402
+from sloline.planner.calibration import Calibration, request_path  # noqa: E402
 from sloline.planner.config import StageConfig  # noqa: E402
 from sloline.planner.estimator import (  # noqa: E402
     Estimate,
@@ -130,13 +132,9 @@ PIPELINES = {
 CV2S = (1.0, 4.0)
 SERVICE_MODES: tuple[ServiceMode, ...] = ("p50", "samples")
 TIMEOUT_MS = 30_000  # no deadline drops (the estimator does not simulate them)
-MAX_OUTSTANDING = 2_000  # the load generator stops sending beyond this many in flight
-DRAIN_S = 30.0  # after the last send, wait at most this long for the answers
 CALIBRATION_S = 20.0  # per example, at the planned load: what the profile misses in situ
 CALIBRATED = "calibrated"  # the estimate with the calibrated profile (service "p50")
 CLIENT_PROBE_S = 4.0  # before each cell: the load generator's CPU per request at its load
-SPIN_S = 0.0015  # sleep until this close to a send time, then poll the loop (asyncio
-# timers round up to whole milliseconds, which would make every send up to 1 ms late)
 TARGET_ERROR = 0.15
 # Other tenants of the shared machine: a cell waits for them to go quiet (at most
 # QUIET_TIMEOUT_S, then it runs anyway) and is repeated (at most MAX_ATTEMPTS times in
@@ -195,9 +193,11 @@ async def _loadgen_main(
             if kind == "probe":
                 conn.send(await _probe(client.is_server_live, infer, int(arg)))
             elif kind == "replay":
-                conn.send(await _replay(infer, np.asarray(arg), InferenceServerException))
+                conn.send(await replay_arrivals(infer, np.asarray(arg), InferenceServerException))
             elif kind == "pace":  # the same pacing, nothing sent: what pacing alone costs
-                conn.send(await _replay(_no_request, np.asarray(arg), InferenceServerException))
+                conn.send(
+                    await replay_arrivals(_no_request, np.asarray(arg), InferenceServerException)
+                )
 
 
 async def _no_request(_: int) -> None:
@@ -218,54 +218,6 @@ async def _probe(
         await infer(i)
         infers.append(time.perf_counter() - start)
     return {"live_s": lives, "infer_s": infers}
-
-
-async def _replay(
-    infer: Callable[[int], Awaitable[None]], arrivals_s: np.ndarray, errors_type: type[Exception]
-) -> dict[str, Any]:
-    """Send request i at ``start + arrivals_s[i]``; bounded by MAX_OUTSTANDING requests in
-    flight and by the trace's span + DRAIN_S. Times are ``perf_counter`` (CLOCK_MONOTONIC,
-    as the router's ``time.monotonic``)."""
-    n = arrivals_s.size
-    sent = np.full(n, math.nan)
-    done = np.full(n, math.nan)
-    errors: dict[str, int] = {}
-    outstanding = 0
-
-    async def one(i: int) -> None:
-        nonlocal outstanding
-        sent[i] = time.perf_counter()
-        try:
-            await infer(i)
-            done[i] = time.perf_counter()
-        except errors_type as exc:
-            key = str(exc)[:160]
-            errors[key] = errors.get(key, 0) + 1
-        finally:
-            outstanding -= 1
-
-    tasks = []
-    start = time.perf_counter() + 0.05
-    for i, at in enumerate(arrivals_s):
-        target = start + float(at)
-        delay = target - time.perf_counter() - SPIN_S
-        if delay > 0.0:
-            await asyncio.sleep(delay)
-        while time.perf_counter() < target:
-            await asyncio.sleep(0)  # one loop iteration: answers keep being read
-        if outstanding >= MAX_OUTSTANDING:
-            errors["not sent: too many requests outstanding"] = n - i
-            break
-        outstanding += 1
-        tasks.append(asyncio.create_task(one(i)))
-    pending: set[asyncio.Task[None]] = set()
-    if tasks:
-        _, pending = await asyncio.wait(tasks, timeout=DRAIN_S)
-    for task in pending:
-        task.cancel()
-    if pending:
-        errors["no answer within the drain time"] = len(pending)
-    return {"start": start, "sent": sent, "done": done, "errors": errors}
 
 
 class LoadGenerator:
@@ -793,22 +745,16 @@ def calibrate(
 ) -> tuple[PipelineProfile, dict[str, Any]]:
     """What the profile misses in situ, measured once at the planned load on a trace of
     its own (CV² 1, a seed no cell uses): the product's calibration
-    (:class:`sloline.planner.calibration.Calibration`, what ``sloline run
-    --calibration-out`` writes: per stage the extra model time per batch, and the in-situ
-    hops), plus what only a client sees, the request path outside the router.
+    (:class:`sloline.planner.calibration.Calibration`, what ``sloline calibrate`` writes:
+    per stage the extra model time per batch, the in-situ hops and the request path
+    outside the router), measured with this benchmark's client.
 
-    Returns the profile with the calibration applied and the in-situ request paths in place
-    of the idle probe's, and what was measured."""
+    Returns the profile with the calibration applied, and what was measured."""
     arrivals = gamma_arrivals(rate_rps, CALIBRATION_S, cv2=1.0, seed=0)
     t0 = time.monotonic()
     replay = gen.call("replay", arrivals, CALIBRATION_S + DRAIN_S + 60.0)
     window = served.router_window(t0)
-    # The request path: the client's latencies (from each send) less the router's, matched
-    # quantile by quantile (neither side knows the other's request ids).
-    client = np.sort((replay["done"] - replay["sent"])[np.isfinite(replay["done"])])
-    router = np.sort(window["latency_s"])
-    levels = (np.arange(min(client.size, router.size)) + 0.5) / min(client.size, router.size)
-    request_s = np.maximum(np.quantile(client, levels) - np.quantile(router, levels), 0.0)
+    client = (replay["done"] - replay["sent"])[np.isfinite(replay["done"])]
     profile = example.session.profile
     calibration = Calibration.measure(
         profile,
@@ -818,12 +764,12 @@ def calibrate(
         window["roundtrip_s"],
         pipeline=example.name,
         duration_s=CALIBRATION_S,
-        requests=int(router.size),
+        requests=int(window["latency_s"].size),
+        request_s=request_path(client, window["latency_s"]),
     )
     calibrated = calibration.apply(profile)
     assert profile.overhead is not None
-    assert calibrated.overhead is not None
-    overhead = replace(calibrated.overhead, request_s=tuple(request_s.tolist()))
+    request_s = np.asarray(calibration.request_s)
     info = {
         "rate_rps": rate_rps,
         "duration_s": CALIBRATION_S,
@@ -844,7 +790,7 @@ def calibrate(
         "probe_request_p50_ms": profile.overhead.request_median_s * 1e3,
         "probe_request_p99_ms": percentile(profile.overhead.request_table_s(), 99.0) * 1e3,
     }
-    return replace(calibrated, overhead=overhead), info
+    return calibrated, info
 
 
 class Budget:

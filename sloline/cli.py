@@ -28,6 +28,11 @@ from sloline.spec import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from sloline.planner.calibration import Calibration
+    from sloline.planner.estimator import Estimate
+    from sloline.planner.plan import Plan
     from sloline.planner.profile import PipelineProfile
     from sloline.planner.session import PlanningSession
 
@@ -122,6 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise _flag_error("--calibration-out", "compares serving with the profile: drop --no-plan")
     if args.calibration_out and not Path(args.calibration_out).resolve().parent.is_dir():
         raise _flag_error("--calibration-out", f"{args.calibration_out}: no such directory")
+    _load_calibration(args, loaded)
     plan = profile = None
     if not args.no_plan:
         check_models(loaded)
@@ -334,26 +340,32 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_calibration(args: argparse.Namespace, loaded: LoadedPipeline) -> Calibration | None:
+    """The ``--calibration`` file, checked before anything is profiled."""
+    from sloline.planner.calibration import Calibration
+
+    if not getattr(args, "calibration", None):
+        return None
+    try:
+        calibration = Calibration.load(Path(args.calibration))
+    except ValueError as exc:
+        raise _flag_error("--calibration", str(exc)) from None
+    if calibration.pipeline != loaded.name:
+        raise _flag_error(
+            "--calibration",
+            f"{args.calibration} calibrates pipeline {calibration.pipeline!r}, not {loaded.name!r}",
+        )
+    return calibration
+
+
 def _plan(
     args: argparse.Namespace, loaded: LoadedPipeline, profile: PipelineProfile | None = None
 ) -> PlanningSession:
     """Profile (cached), apply ``--calibration`` if given, and plan; `main` reports an
     InfeasibleError."""
-    from sloline.planner.calibration import Calibration
     from sloline.planner.session import plan_pipeline
 
-    calibration = None
-    if args.calibration:
-        try:
-            calibration = Calibration.load(Path(args.calibration))
-        except ValueError as exc:
-            raise _flag_error("--calibration", str(exc)) from None
-        if calibration.pipeline != loaded.name:
-            raise _flag_error(
-                "--calibration",
-                f"{args.calibration} calibrates pipeline {calibration.pipeline!r}, "
-                f"not {loaded.name!r}",
-            )
+    calibration = _load_calibration(args, loaded)
     profile = profile or _profile(args, loaded)
     if calibration is not None:
         try:
@@ -383,6 +395,89 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plot_latency_cdf(session, Path(args.cdf))
         print(f"latency CDF drawn to {args.cdf}")
     return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    import math
+
+    import numpy as np
+
+    from sloline.calibrate import measure_in_situ
+    from sloline.embedded import check_models
+    from sloline.planner.planner import InfeasibleError
+    from sloline.planner.profiler import ProfilerSettings, load_samples
+    from sloline.planner.session import plan_pipeline, planning_trace
+    from sloline.serving import process
+
+    loaded = load_pipeline(args.file)
+    if not args.duration > 0.0:
+        raise _flag_error("--duration", f"must be > 0 seconds, got {args.duration:g}")
+    out = Path(args.out or f"{loaded.name}.calibration.json")
+    if not out.resolve().parent.is_dir():
+        raise _flag_error("--out", f"{out}: no such directory")
+    trace = planning_trace(loaded)
+    arrivals = trace[trace < args.duration]
+    if arrivals.size == 0:
+        raise _flag_error("--duration", f"the planning trace has no arrival in {args.duration:g} s")
+    check_models(loaded)
+    session = _plan(args, loaded)
+    print(session.plan.to_table())
+    print(
+        f"serving this plan for {args.duration:g} s under its planning load "
+        f"({arrivals.size} requests, {arrivals.size / args.duration:.1f} rps) ...",
+        flush=True,
+    )
+    payloads = load_samples(loaded, ProfilerSettings().samples)
+    run = process.run(measure_in_situ(loaded, session.plan, session.profile, arrivals, payloads))
+    calibration = run.calibration
+    calibration.save(out)
+    print(f"{calibration.summary()}\ncalibration written to {out}")
+    calibrated = calibration.apply(session.profile)
+    q = loaded.pipeline.spec.slo.percentile
+    measured = np.percentile(run.latencies_s, q) * 1e3 if run.latencies_s.size else math.nan
+    errors = sum(run.errors.values())
+    print(
+        f"measured: P{q:g} {measured:.1f} ms, attainment {run.attainment:.2%} of {run.sent} "
+        f"requests" + (f", {errors} errors: {run.errors}" if errors else "")
+    )
+    catalog = _catalog(args)
+    tails = [
+        _estimate_on(loaded, catalog, profile, session.plan, times).percentile_s(q) * 1e3
+        for times in (arrivals, trace)
+        for profile in (session.profile, calibrated)
+    ]
+    print(
+        f"estimated P{q:g} of this plan: on the same arrivals {tails[0]:.1f} ms from the "
+        f"profile, {tails[1]:.1f} ms calibrated; on the whole planning trace {tails[2]:.1f} "
+        f"and {tails[3]:.1f} ms"
+    )
+    print(f"planning again with this calibration (`sloline plan {args.file} --calibration {out}`):")
+    try:
+        print(plan_pipeline(loaded, catalog, profile=calibrated).plan.to_table())
+    except InfeasibleError as exc:  # the calibration is still what was measured
+        print(f"no plan meets the SLO with this calibration: {exc}")
+    return 0
+
+
+def _estimate_on(
+    loaded: LoadedPipeline,
+    catalog: HardwareCatalog,
+    profile: PipelineProfile,
+    plan: Plan,
+    arrivals_s: np.ndarray,
+) -> Estimate:
+    """The estimator's latencies of ``plan`` on ``arrivals_s`` with ``profile``."""
+    from sloline.planner.config import StageConfig
+    from sloline.planner.evaluator import Evaluator
+    from sloline.planner.problem import PlanningProblem
+
+    problem = PlanningProblem.from_graph(loaded.graph, profile, catalog, arrivals_s)
+    by_name = {s.name: s for s in plan.stages}
+    config = tuple(
+        StageConfig(by_name[n].hardware, by_name[n].max_batch, by_name[n].replicas)
+        for n in problem.topology.stages
+    )
+    return Evaluator(problem).estimate(config)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -655,6 +750,18 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     _add_planning_flags(p)
     p.set_defaults(func=cmd_plan)
 
+    p = sub.add_parser(
+        "calibrate",
+        help="serve the plan under its planning load; measure what the profile misses",
+    )
+    p.add_argument("file")
+    p.add_argument("--out", "-o", help="calibration file (default: PIPELINE.calibration.json here)")
+    p.add_argument(
+        "--duration", type=float, default=20.0, help="seconds of the planning trace to serve"
+    )
+    _add_profile_flags(p)
+    p.set_defaults(func=cmd_calibrate)
+
     p = sub.add_parser("simulate", help="closed-loop simulation of the tuner vs baselines")
     p.add_argument("file")
     p.add_argument(
@@ -716,7 +823,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sloline.serving import process
 
     process.use_grpc_iomgr()  # before anything imports grpc; workers and profiling too
-    if args.command in ("run", "router", "worker"):
+    if args.command in ("run", "calibrate", "router", "worker"):
         from sloline.serving.memory import tune_malloc
 
         tune_malloc()

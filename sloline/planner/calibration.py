@@ -12,15 +12,22 @@ the router's own per-batch records of a real run:
   than its profile);
 - the in-situ hop: each batch's round trip on the router less the worker's model time.
 
+- the request path outside the router, when the load came from a client that timed its
+  own requests (``sloline calibrate``): the client's latencies less the router's, matched
+  quantile by quantile (:func:`request_path`).
+
 :meth:`Calibration.apply` adds each stage's extra time to every batch size of that stage on
 *every* hardware class (the extra is the host's cost of serving the stage, not the model's,
 so it is carried to the classes that were not served; with no in-situ idle gaps left to
 model, the idle penalty is dropped, as the extra already includes the wake-ups at that
-load) and replaces the idle probe's hop samples with the in-situ ones. The request path
-outside the router is left as profiled: the router does not see its clients.
+load) and replaces the idle probe's hop samples, and its request-path samples when the
+calibration has them, with the in-situ ones. Served by real traffic, the router does not
+see its clients, so the request path is then left as profiled.
 
-``sloline run FILE --calibration-out calib.json`` measures one while serving real
-traffic; ``sloline plan FILE --calibration calib.json`` (and ``sloline run``) plan with it.
+``sloline calibrate FILE`` serves the plan under its own planning load and measures all
+three; ``sloline run FILE --calibration-out calib.json`` measures the first two while
+serving real traffic; ``sloline plan FILE --calibration calib.json`` (and ``sloline run``,
+``sloline simulate``) plan with either.
 """
 
 from __future__ import annotations
@@ -37,13 +44,20 @@ import numpy.typing as npt
 
 from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
 
-__all__ = ["CALIBRATION_FORMAT", "MIN_BATCHES", "Calibration", "StageCalibration"]
+__all__ = [
+    "CALIBRATION_FORMAT",
+    "MIN_BATCHES",
+    "Calibration",
+    "StageCalibration",
+    "request_path",
+]
 
 CALIBRATION_FORMAT = 1
 MIN_BATCHES = 50
-"""A stage (and the hop) needs this many measured batches to be calibrated."""
-HOP_QUANTILES = 1000
-"""In-situ hop samples are stored as this many equally likely quantiles."""
+"""A stage (and the hop, and the request path: requests) needs this many measured batches to
+be calibrated."""
+QUANTILES = 1000
+"""In-situ hop and request-path samples are stored as this many equally likely quantiles."""
 
 Samples = npt.NDArray[np.float64]
 
@@ -99,6 +113,7 @@ class Calibration:
     requests: int
     stages: Mapping[str, StageCalibration]
     hop_s: tuple[float, ...]  # in-situ hop quantiles; () with too few batches
+    request_s: tuple[float, ...] = ()  # in-situ request-path quantiles; () when not measured
 
     @classmethod
     def measure(
@@ -113,13 +128,16 @@ class Calibration:
         duration_s: float,
         requests: int,
         warmup_batches: int = 0,
+        request_s: Samples | None = None,
     ) -> Calibration:
         """From the router's per-batch records of a run: ``served[stage]`` = (hardware, max
         batch); per stage the dispatched batch sizes, the workers' model time per batch and
         each batch's round trip (the router's ``stage_batch``, ``stage_service`` and
         ``stage_roundtrip``), oldest first; the first ``warmup_batches`` of each stage
         (connections, first calls) are left out. Means are taken per array, so a batch
-        dispatched but not answered when the records were read shifts only its own share."""
+        dispatched but not answered when the records were read shifts only its own share.
+        ``request_s``: samples of the request path outside the router
+        (:func:`request_path`), when a client measured them."""
         stages: dict[str, StageCalibration] = {}
         hops: list[Samples] = []
         for name, (hardware, max_batch) in served.items():
@@ -146,11 +164,8 @@ class Calibration:
             if paired:
                 hops.append(np.maximum(roundtrip[-paired:] - service[-paired:], 0.0))
         hop = np.concatenate(hops) if hops else np.empty(0)
-        quantiles: tuple[float, ...] = ()
-        if hop.size >= MIN_BATCHES:
-            levels = (np.arange(HOP_QUANTILES) + 0.5) / HOP_QUANTILES
-            quantiles = tuple(np.quantile(hop, levels, method="inverted_cdf").tolist())
-        return cls(pipeline, duration_s, requests, stages, quantiles)
+        request = np.asarray(request_s if request_s is not None else (), dtype=np.float64)
+        return cls(pipeline, duration_s, requests, stages, _quantiles(hop), _quantiles(request))
 
     def apply(self, profile: PipelineProfile) -> PipelineProfile:
         """``profile`` with this calibration's extra time and in-situ hops (module docstring).
@@ -170,10 +185,13 @@ class Calibration:
             for hardware, stage in profile.stages[name].items():
                 stages[name][hardware] = _slower(stage, measured.extra_s)
         calibrated = replace(profile, stages=stages)
-        if not self.hop_s:
-            return calibrated
-        overhead = profile.overhead and replace(profile.overhead, hop_s=self.hop_s)
-        return replace(calibrated, hop_s=float(np.median(self.hop_s)), overhead=overhead)
+        overhead = profile.overhead
+        if overhead is not None and self.request_s:
+            overhead = replace(overhead, request_s=self.request_s)
+        if self.hop_s:
+            overhead = overhead and replace(overhead, hop_s=self.hop_s)
+            calibrated = replace(calibrated, hop_s=float(np.median(self.hop_s)))
+        return replace(calibrated, overhead=overhead)
 
     def summary(self) -> str:
         """A few lines for the CLI: per stage the extra time, and the hop."""
@@ -201,6 +219,12 @@ class Calibration:
             )
         else:
             lines.append(f"  hop: fewer than {MIN_BATCHES} batches, the profiled hop is kept")
+        if self.request_s:
+            path = np.asarray(self.request_s)
+            lines.append(
+                f"  request path outside the router in situ: P50 {np.median(path) * 1e3:.2f} ms, "
+                f"P99 {np.quantile(path, 0.99) * 1e3:.2f} ms"
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -211,6 +235,7 @@ class Calibration:
             "requests": self.requests,
             "stages": {name: s.to_dict() for name, s in self.stages.items()},
             "hopSeconds": list(self.hop_s),
+            "requestSeconds": list(self.request_s),
         }
 
     @classmethod
@@ -226,6 +251,7 @@ class Calibration:
             requests=int(data["requests"]),
             stages={str(k): StageCalibration.from_dict(v) for k, v in data["stages"].items()},
             hop_s=tuple(float(v) for v in data["hopSeconds"]),
+            request_s=tuple(float(v) for v in data.get("requestSeconds", ())),
         )
 
     def save(self, path: Path) -> None:
@@ -239,6 +265,26 @@ class Calibration:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise ValueError(f"{path}: not a sloline calibration: {detail}") from None
+
+
+def request_path(client_s: Samples, router_s: Samples) -> Samples:
+    """Samples of the request path outside the router: a client's latencies (from each
+    send) less the router's latencies of the same requests, matched quantile by quantile
+    (neither side knows the other's request ids), clamped at 0."""
+    client, router = np.sort(np.asarray(client_s)), np.sort(np.asarray(router_s))
+    count = min(client.size, router.size)
+    if not count:
+        return np.empty(0)
+    levels = (np.arange(count) + 0.5) / count
+    return np.maximum(np.quantile(client, levels) - np.quantile(router, levels), 0.0)
+
+
+def _quantiles(samples: Samples) -> tuple[float, ...]:
+    """QUANTILES equally likely quantiles of ``samples``; () with fewer than MIN_BATCHES."""
+    if samples.size < MIN_BATCHES:
+        return ()
+    levels = (np.arange(QUANTILES) + 0.5) / QUANTILES
+    return tuple(np.quantile(samples, levels, method="inverted_cdf").tolist())
 
 
 def _slower(stage: StageProfile, extra_s: float) -> StageProfile:

@@ -52,6 +52,29 @@ def test_run_rejects_bad_flags_with_exit_2() -> None:
     assert result.returncode == 2 and "not a valid int" in result.stderr
 
 
+def test_calibration_flags_are_checked_before_anything_is_profiled(tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.json")
+    for command in ("run", "plan"):
+        result = sloline(command, str(NOOP), "--calibration", missing)
+        assert result.returncode == 2, result.stderr
+        assert f"--calibration: {missing}: not a sloline calibration" in result.stderr
+        assert "[1/" not in result.stderr  # no profiling progress
+    other = tmp_path / "other.json"
+    other.write_text(
+        '{"format": 1, "pipeline": "other", "durationSeconds": 1, "requests": 1, '
+        '"stages": {}, "hopSeconds": []}'
+    )
+    result = sloline("plan", str(NOOP), "--calibration", str(other))
+    assert result.returncode == 2 and "calibrates pipeline 'other', not 'noop'" in result.stderr
+    result = sloline("run", str(NOOP), "--no-plan", "--calibration-out", str(other))
+    assert result.returncode == 2 and "--calibration-out: compares serving" in result.stderr
+    result = sloline("calibrate", str(NOOP), "--duration", "0")
+    assert result.returncode == 2 and "--duration: must be > 0 seconds" in result.stderr
+    result = sloline("calibrate", str(NOOP), "-o", str(tmp_path / "no" / "c.json"))
+    assert result.returncode == 2 and "--out:" in result.stderr
+    assert "no such directory" in result.stderr
+
+
 def test_missing_model_file_says_how_to_build(tmp_path: Path) -> None:
     folder = tmp_path / "p"
     folder.mkdir()

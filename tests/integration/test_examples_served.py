@@ -20,7 +20,7 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 
 from sloline.cli import CALIBRATION_WARMUP_BATCHES
-from sloline.planner.calibration import Calibration
+from sloline.planner.calibration import MIN_BATCHES, Calibration
 from sloline.serving.inprocess import InProcessPipeline
 from sloline.serving.router import RouterSettings
 from sloline.spec import load_pipeline
@@ -153,6 +153,24 @@ def test_digits_cascade_via_cli_with_tritonclient(
     assert planned.returncode == 0, planned.stderr
     assert "calibration of 'digits-cascade'" in planned.stderr
     assert "plan for digits-cascade" in planned.stdout
+
+    # `sloline calibrate`: the plan served under its own planning load (100 rps here), the
+    # request path outside the router measured too; then the plan made again with it.
+    in_situ = subprocess.run(
+        [sys.executable, "-m", "sloline", "calibrate",
+         str(EXAMPLES / "digits-cascade" / "pipeline.yaml"),
+         "--cache-dir", str(tmp_path / "profiles"),
+         "--duration", "4", "-o", str(tmp_path / "in-situ.json")],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert in_situ.returncode == 0, in_situ.stdout + in_situ.stderr
+    measured = Calibration.load(tmp_path / "in-situ.json")
+    assert 300 <= measured.requests <= 500, in_situ.stdout  # 4 s of ~100 rps
+    assert measured.stages["fast"].batches >= MIN_BATCHES and measured.hop_s
+    assert len(measured.request_s) == 1000 and min(measured.request_s) >= 0.0
+    assert f"of {measured.requests} requests" in in_situ.stdout  # none lost
+    assert "estimated P99 of this plan: on the same arrivals" in in_situ.stdout
+    assert in_situ.stdout.count("plan for digits-cascade") == 2
 
 
 def test_image_ensemble_1000_concurrent_requests_match_in_process() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sloline.planner.calibration import MIN_BATCHES, Calibration
+from sloline.planner.calibration import MIN_BATCHES, Calibration, request_path
 from sloline.planner.config import StageConfig
 from sloline.planner.estimator import Workload, estimate
 from sloline.planner.overhead import ServingOverhead
@@ -35,7 +35,9 @@ def _profile() -> PipelineProfile:
     )
 
 
-def _measured(extra_s: float, hop_s: float, batches_b: int = 200) -> Calibration:
+def _measured(
+    extra_s: float, hop_s: float, batches_b: int = 200, request_s: np.ndarray | None = None
+) -> Calibration:
     rng = np.random.default_rng(0)
     sizes_a = rng.choice([1, 2, 4], size=300).astype(np.float64)
     sizes_b = np.ones(batches_b)
@@ -50,6 +52,7 @@ def _measured(extra_s: float, hop_s: float, batches_b: int = 200) -> Calibration
         pipeline="p",
         duration_s=30.0,
         requests=600,
+        request_s=request_s,
     )
 
 
@@ -109,11 +112,43 @@ def test_a_stage_with_too_few_batches_is_left_as_profiled() -> None:
     assert "fewer than" in calibration.summary()
 
 
+def test_the_request_path_is_the_client_latency_less_the_router_s_quantile_by_quantile() -> None:
+    rng = np.random.default_rng(1)
+    router = rng.exponential(0.010, size=400)
+    path = 0.002 + rng.exponential(0.001, size=400)
+    client = rng.permutation(np.sort(router) + np.sort(path))  # no request ids shared
+    levels = [0.1, 0.5, 0.9, 0.99]
+    measured = np.quantile(request_path(client, router), levels)
+    assert measured == pytest.approx(np.quantile(path, levels), rel=0.03)
+    assert request_path(client[:10], router).size == 10
+    assert request_path(np.empty(0), router).size == 0
+    assert request_path(router, router + 1.0) == pytest.approx(np.zeros(400))  # clamped
+
+    profile = _profile()
+    calibration = _measured(extra_s=0.001, hop_s=0.0005, request_s=path)
+    assert len(calibration.request_s) == 1000
+    assert np.median(calibration.request_s) == pytest.approx(np.median(path), rel=0.02)
+    calibrated = calibration.apply(profile)
+    assert calibrated.overhead is not None and profile.overhead is not None
+    assert calibrated.overhead.request_s == calibration.request_s
+    assert calibrated.overhead.client_cpu_s == profile.overhead.client_cpu_s
+    assert "request path outside the router" in calibration.summary()
+    # Too few requests: the profiled request path stays.
+    few = _measured(extra_s=0.001, hop_s=0.0005, request_s=path[: MIN_BATCHES - 1])
+    assert few.request_s == ()
+    assert few.apply(profile).overhead.request_s == profile.overhead.request_s  # type: ignore[union-attr]
+
+
 def test_round_trip_and_clear_errors(tmp_path: Path) -> None:
-    calibration = _measured(extra_s=0.001, hop_s=0.0005)
+    calibration = _measured(extra_s=0.001, hop_s=0.0005, request_s=np.full(100, 0.002))
     path = tmp_path / "calibration.json"
     calibration.save(path)
     assert Calibration.load(path) == calibration
+    # `sloline run --calibration-out` files have no request path; older ones lack the key.
+    data = json.loads(path.read_text())
+    del data["requestSeconds"]
+    path.write_text(json.dumps(data))
+    assert Calibration.load(path).request_s == ()
     data = json.loads(path.read_text())
     data["format"] = 0
     path.write_text(json.dumps(data))

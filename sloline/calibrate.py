@@ -1,0 +1,231 @@
+"""`sloline calibrate`: serve a plan on this machine under its own planning load and
+measure what the profile misses (docs/planner.md, "Calibrating a plan with what serving
+measured").
+
+The plan is served embedded (router, front doors, one worker process per replica, the
+tuner off so the plan is what is measured), and a client in its own process sends the
+pipeline's sample requests through the gRPC front door at the planning trace's arrival
+times (request i carries sample i mod n, so a cascade branches as it was profiled). After
+a short warm-up that is not measured, the router's per-batch records and the client's
+latencies give a :class:`~sloline.planner.calibration.Calibration` with all three parts:
+each stage's extra model time per batch, the in-situ hop, and the request path outside the
+router — the part ``sloline run --calibration-out`` cannot see, because real clients are
+not sloline's.
+
+The client is open-loop: it sends at the scheduled times whatever the answers do, and its
+latencies are measured from each send. It stops sending beyond MAX_OUTSTANDING requests
+in flight and waits at most DRAIN_S for the last answers, so an overloaded plan ends the
+run with errors rather than with unbounded memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from sloline.planner.calibration import Calibration, request_path
+from sloline.planner.plan import Plan
+from sloline.planner.profile import PipelineProfile
+from sloline.spec import LoadedPipeline
+
+__all__ = ["InSituRun", "measure_in_situ", "replay"]
+
+Arrays = dict[str, np.ndarray]
+
+WARMUP_S = 3.0  # the trace's first seconds, sent once before the measured run
+MAX_OUTSTANDING = 2_000  # the client stops sending beyond this many requests in flight
+DRAIN_S = 30.0  # after the last send, wait at most this long for the answers
+REQUEST_TIMEOUT_S = 30.0
+SPIN_S = 0.0015  # sleep until this close to a send time, then poll the loop (asyncio
+# timers round up to whole milliseconds, which would make every send up to 1 ms late)
+
+
+async def replay(
+    infer: Callable[[int], Awaitable[Any]],
+    arrivals_s: np.ndarray,
+    errors_type: type[Exception],
+    *,
+    max_outstanding: int = MAX_OUTSTANDING,
+    drain_s: float = DRAIN_S,
+) -> dict[str, Any]:
+    """Call ``infer(i)`` at ``start + arrivals_s[i]`` without waiting for earlier answers.
+
+    Returns ``start``, per request ``sent`` and ``done`` (``perf_counter``, i.e.
+    CLOCK_MONOTONIC as the router's ``time.monotonic``; NaN where there was no answer) and
+    ``errors`` (message -> count). Bounded: nothing more is sent beyond ``max_outstanding``
+    requests in flight, and answers are awaited at most ``drain_s`` after the last send."""
+    n = arrivals_s.size
+    sent = np.full(n, math.nan)
+    done = np.full(n, math.nan)
+    errors: dict[str, int] = {}
+    outstanding = 0
+
+    async def one(i: int) -> None:
+        nonlocal outstanding
+        sent[i] = time.perf_counter()
+        try:
+            await infer(i)
+            done[i] = time.perf_counter()
+        except errors_type as exc:
+            key = str(exc)[:160]
+            errors[key] = errors.get(key, 0) + 1
+        finally:
+            outstanding -= 1
+
+    tasks = []
+    start = time.perf_counter() + 0.05
+    for i, at in enumerate(arrivals_s):
+        target = start + float(at)
+        delay = target - time.perf_counter() - SPIN_S
+        if delay > 0.0:
+            await asyncio.sleep(delay)
+        while time.perf_counter() < target:
+            await asyncio.sleep(0)  # one loop iteration: answers keep being read
+        if outstanding >= max_outstanding:
+            errors["not sent: too many requests outstanding"] = n - i
+            break
+        outstanding += 1
+        tasks.append(asyncio.create_task(one(i)))
+    pending: set[asyncio.Task[None]] = set()
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=drain_s)
+    for task in pending:
+        task.cancel()
+    if pending:
+        errors["no answer within the drain time"] = len(pending)
+    return {"start": start, "sent": sent, "done": done, "errors": errors}
+
+
+def _client_process(conn: Connection, url: str, model: str, payloads: list[Arrays]) -> None:
+    """The client: replays each array of arrival times it receives, until None. In its own
+    session, as each worker is, so it competes for the cores like another tenant."""
+    os.setsid()
+    asyncio.run(_client_main(conn, url, model, payloads))
+
+
+async def _client_main(conn: Connection, url: str, model: str, payloads: list[Arrays]) -> None:
+    import grpc
+
+    from sloline.serving.proto import grpc_service_pb2 as pb
+    from sloline.serving.proto import grpc_service_pb2_grpc as pb_grpc
+    from sloline.serving.types import datatype_of
+
+    requests = []
+    for payload in payloads:
+        request = pb.ModelInferRequest(model_name=model)
+        for name, value in payload.items():
+            request.inputs.add(name=name, datatype=datatype_of(value), shape=list(value.shape))
+            request.raw_input_contents.append(np.ascontiguousarray(value).tobytes())
+        requests.append(request)
+    loop = asyncio.get_running_loop()
+    async with grpc.aio.insecure_channel(url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+
+        async def infer(i: int) -> None:
+            await stub.ModelInfer(requests[i % len(requests)], timeout=REQUEST_TIMEOUT_S)
+
+        while (arrivals := await loop.run_in_executor(None, conn.recv)) is not None:
+            conn.send(await replay(infer, np.asarray(arrivals), grpc.aio.AioRpcError))
+
+
+class _Client:
+    def __init__(self, url: str, model: str, payloads: list[Arrays]) -> None:
+        ctx = mp.get_context("spawn")  # no inherited threads or gRPC state
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(
+            target=_client_process, args=(child, url, model, payloads), daemon=True
+        )
+        self.process.start()
+        child.close()
+
+    async def replay(self, arrivals_s: np.ndarray) -> dict[str, Any]:
+        self.conn.send(arrivals_s)
+        limit_s = float(arrivals_s[-1]) + DRAIN_S + 60.0 if arrivals_s.size else 60.0
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(None, self.conn.poll, limit_s):
+            raise TimeoutError(f"the calibration client gave no answer in {limit_s:.0f} s")
+        result: dict[str, Any] = self.conn.recv()
+        return result
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
+        self.process.join(10)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5)
+
+
+@dataclass(frozen=True, slots=True)
+class InSituRun:
+    """What one calibration run measured: the calibration, and the client's view."""
+
+    calibration: Calibration
+    latencies_s: np.ndarray  # per answered request, from its send
+    sent: int
+    errors: dict[str, int]
+    slo_s: float
+
+    @property
+    def attainment(self) -> float:
+        """Share of the sent requests answered within the SLO (errors count as misses)."""
+        return float(np.count_nonzero(self.latencies_s <= self.slo_s)) / max(1, self.sent)
+
+
+async def measure_in_situ(
+    loaded: LoadedPipeline,
+    plan: Plan,
+    profile: PipelineProfile,
+    arrivals_s: np.ndarray,
+    payloads: list[Arrays],
+    *,
+    warmup_s: float = WARMUP_S,
+) -> InSituRun:
+    """Serve ``plan`` embedded (ephemeral ports, tuner off), send ``arrivals_s`` through
+    the gRPC front door after ``warmup_s`` of the same trace unmeasured, and measure."""
+    from sloline.embedded import EmbeddedPipeline, EmbeddedSettings, stage_configs
+    from sloline.serving import process
+    from sloline.serving.server import ServerSettings
+
+    settings = EmbeddedSettings(server=ServerSettings(http_port=0, grpc_port=0), tuner=False)
+    configs = stage_configs(loaded, settings, plan)
+    async with EmbeddedPipeline(loaded, settings, configs=configs, plan=plan) as served:
+        await served.wait_ready(180.0)
+        process.freeze_startup_heap()  # as `sloline run` serves
+        client = _Client(served.grpc_url, loaded.name, payloads)
+        try:
+            await client.replay(arrivals_s[arrivals_s < warmup_s])
+            router = served.router
+            since = router.clock()
+            result = await client.replay(arrivals_s)
+            duration_s = router.clock() - since
+        finally:
+            client.close()
+        stats = router.stats
+        router_latency = stats.latency.since(since)
+        done = result["done"]
+        client_latency = (done - result["sent"])[np.isfinite(done)]
+        calibration = Calibration.measure(
+            profile,
+            {n: (c.hardware, c.max_batch) for n, c in configs.items()},
+            {n: r.since(since) for n, r in stats.stage_batch.items()},
+            {n: r.since(since) for n, r in stats.stage_service.items()},
+            {n: r.since(since) for n, r in stats.stage_roundtrip.items()},
+            pipeline=loaded.name,
+            duration_s=duration_s,
+            requests=int(router_latency.size),
+            request_s=request_path(client_latency, router_latency),
+        )
+        return InSituRun(
+            calibration, client_latency, int(arrivals_s.size), result["errors"], router.slo_s
+        )
