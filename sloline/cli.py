@@ -757,7 +757,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("file")
     p.add_argument("--out", "-o", help="calibration file (default: PIPELINE.calibration.json here)")
     p.add_argument(
-        "--duration", type=float, default=20.0, help="seconds of the planning trace to serve"
+        "--duration", type=float, default=20.0, help="seconds of the planning trace to serve (20)"
     )
     _add_profile_flags(p)
     p.set_defaults(func=cmd_calibrate)
