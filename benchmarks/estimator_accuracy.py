@@ -539,11 +539,7 @@ def prepare(name: str, settings: ProfilerSettings) -> Example:
         settings,
         progress=lambda m: print(f"  {name}: {m}", file=sys.stderr),
     )
-    by_name = {s.name: s for s in session.plan.stages}
-    config = tuple(
-        StageConfig(by_name[n].hardware, by_name[n].max_batch, by_name[n].replicas)
-        for n in session.problem.topology.stages
-    )
+    config = session.plan.config  # in topology order, as the problem's stages
     # The samples the profile traced, in the same order: query i sends sample i mod n, as
     # Workload.build gives query i row i mod n of the visit matrix.
     payloads = load_samples(loaded, settings.samples)

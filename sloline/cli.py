@@ -467,17 +467,11 @@ def _estimate_on(
     arrivals_s: np.ndarray,
 ) -> Estimate:
     """The estimator's latencies of ``plan`` on ``arrivals_s`` with ``profile``."""
-    from sloline.planner.config import StageConfig
     from sloline.planner.evaluator import Evaluator
     from sloline.planner.problem import PlanningProblem
 
     problem = PlanningProblem.from_graph(loaded.graph, profile, catalog, arrivals_s)
-    by_name = {s.name: s for s in plan.stages}
-    config = tuple(
-        StageConfig(by_name[n].hardware, by_name[n].max_batch, by_name[n].replicas)
-        for n in problem.topology.stages
-    )
-    return Evaluator(problem).estimate(config)
+    return Evaluator(problem).estimate(plan.config)  # both in topology order
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from sloline.planner.config import StageConfig
 from sloline.planner.estimator import Estimate
 from sloline.planner.evaluator import Evaluator
 from sloline.planner.plan import Plan
@@ -35,12 +34,7 @@ class PlanningSession:
 
     def estimate(self) -> Estimate:
         """Per-query estimated latencies of the plan on the planning trace."""
-        by_name = {s.name: s for s in self.plan.stages}
-        config = tuple(
-            StageConfig(by_name[n].hardware, by_name[n].max_batch, by_name[n].replicas)
-            for n in self.problem.topology.stages
-        )
-        return self.evaluator.estimate(config)
+        return self.evaluator.estimate(self.plan.config)  # both in topology order
 
 
 def planning_trace(loaded: LoadedPipeline) -> np.ndarray:
