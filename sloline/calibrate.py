@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,7 +38,10 @@ from sloline.planner.plan import Plan
 from sloline.planner.profile import PipelineProfile
 from sloline.spec import LoadedPipeline
 
-__all__ = ["InSituRun", "measure_in_situ", "replay"]
+if TYPE_CHECKING:
+    from sloline.embedded import EmbeddedPipeline
+
+__all__ = ["InSituRun", "measure_in_situ", "measure_served", "replay"]
 
 Arrays = dict[str, np.ndarray]
 
@@ -205,27 +208,46 @@ async def measure_in_situ(
         client = _Client(served.grpc_url, loaded.name, payloads)
         try:
             await client.replay(arrivals_s[arrivals_s < warmup_s])
-            router = served.router
-            since = router.clock()
+            since = served.router.clock()
             result = await client.replay(arrivals_s)
-            duration_s = router.clock() - since
+            until = served.router.clock()
         finally:
             client.close()
-        stats = router.stats
-        router_latency = stats.latency.since(since)
         done = result["done"]
         client_latency = (done - result["sent"])[np.isfinite(done)]
-        calibration = Calibration.measure(
-            profile,
-            {n: (c.hardware, c.max_batch) for n, c in configs.items()},
-            {n: r.since(since) for n, r in stats.stage_batch.items()},
-            {n: r.since(since) for n, r in stats.stage_service.items()},
-            {n: r.since(since) for n, r in stats.stage_roundtrip.items()},
-            pipeline=loaded.name,
-            duration_s=duration_s,
-            requests=int(router_latency.size),
-            request_s=request_path(client_latency, router_latency),
-        )
+        calibration = measure_served(served, profile, since, until, client_latency_s=client_latency)
         return InSituRun(
-            calibration, client_latency, int(arrivals_s.size), result["errors"], router.slo_s
+            calibration, client_latency, int(arrivals_s.size), result["errors"], served.router.slo_s
         )
+
+
+def measure_served(
+    served: EmbeddedPipeline,
+    profile: PipelineProfile,
+    since: float,
+    until: float | None = None,
+    *,
+    warmup_batches: int = 0,
+    client_latency_s: np.ndarray | None = None,
+) -> Calibration:
+    """The calibration of what ``served``'s router recorded from ``since`` (its clock) to
+    ``until`` (default: now), against ``profile``; with the request path when a client's
+    latencies of the same requests are given (``sloline calibrate``; ``sloline run
+    --calibration-out`` has none)."""
+    router = served.router
+    stats = router.stats
+    router_latency = stats.latency.since(since)
+    return Calibration.measure(
+        profile,
+        {n: (c.hardware, c.max_batch) for n, c in served.configs.items()},
+        {n: r.since(since) for n, r in stats.stage_batch.items()},
+        {n: r.since(since) for n, r in stats.stage_service.items()},
+        {n: r.since(since) for n, r in stats.stage_roundtrip.items()},
+        pipeline=served.loaded.name,
+        duration_s=max(0.0, (router.clock() if until is None else until) - since),
+        requests=int(router_latency.size),
+        warmup_batches=warmup_batches,
+        request_s=(
+            request_path(client_latency_s, router_latency) if client_latency_s is not None else ()
+        ),
+    )

@@ -127,12 +127,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise _flag_error("--calibration-out", "compares serving with the profile: drop --no-plan")
     if args.calibration_out and not Path(args.calibration_out).resolve().parent.is_dir():
         raise _flag_error("--calibration-out", f"{args.calibration_out}: no such directory")
-    _load_calibration(args, loaded)
+    calibration = _load_calibration(args, loaded)  # rejected before profiling
     plan = profile = None
     if not args.no_plan:
         check_models(loaded)
         profile = _profile(args, loaded)
-        plan = _plan(args, loaded, profile).plan
+        plan = _plan(args, loaded, profile, calibration).plan
         print(plan.to_table())
     configs = stage_configs(loaded, settings, plan)
     pipeline = EmbeddedPipeline(loaded, settings, configs=configs, plan=plan)
@@ -141,22 +141,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _calibrate(pipeline: object, profile: PipelineProfile, since: float, path: Path) -> None:
     """Measure a calibration from the router's records since ``since`` and write it."""
+    from sloline.calibrate import measure_served
     from sloline.embedded import EmbeddedPipeline
-    from sloline.planner.calibration import Calibration
 
     assert isinstance(pipeline, EmbeddedPipeline)
-    stats, now = pipeline.router.stats, pipeline.router.clock()
     try:
-        calibration = Calibration.measure(
-            profile,
-            {n: (c.hardware, c.max_batch) for n, c in pipeline.configs.items()},
-            {n: r.since(since) for n, r in stats.stage_batch.items()},
-            {n: r.since(since) for n, r in stats.stage_service.items()},
-            {n: r.since(since) for n, r in stats.stage_roundtrip.items()},
-            pipeline=pipeline.loaded.name,
-            duration_s=max(0.0, now - since),
-            requests=int(stats.latency.since(since).size),
-            warmup_batches=CALIBRATION_WARMUP_BATCHES,
+        calibration = measure_served(
+            pipeline, profile, since, warmup_batches=CALIBRATION_WARMUP_BATCHES
         )
         calibration.save(path)
     except (KeyError, ValueError, OSError) as exc:  # e.g. --hardware on an unprofiled class
@@ -359,13 +350,16 @@ def _load_calibration(args: argparse.Namespace, loaded: LoadedPipeline) -> Calib
 
 
 def _plan(
-    args: argparse.Namespace, loaded: LoadedPipeline, profile: PipelineProfile | None = None
+    args: argparse.Namespace,
+    loaded: LoadedPipeline,
+    profile: PipelineProfile | None = None,
+    calibration: Calibration | None = None,
 ) -> PlanningSession:
-    """Profile (cached), apply ``--calibration`` if given, and plan; `main` reports an
-    InfeasibleError."""
+    """Profile (cached), apply ``--calibration`` if given (or ``calibration``, already
+    loaded), and plan; `main` reports an InfeasibleError."""
     from sloline.planner.session import plan_pipeline
 
-    calibration = _load_calibration(args, loaded)
+    calibration = calibration or _load_calibration(args, loaded)
     profile = profile or _profile(args, loaded)
     if calibration is not None:
         try:
@@ -443,13 +437,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     catalog = _catalog(args)
     tails = [
         _estimate_on(loaded, catalog, profile, session.plan, times).percentile_s(q) * 1e3
-        for times in (arrivals, trace)
-        for profile in (session.profile, calibrated)
+        for profile, times in (
+            (session.profile, arrivals),
+            (calibrated, arrivals),
+            (calibrated, trace),
+        )
     ]
     print(
         f"estimated P{q:g} of this plan: on the same arrivals {tails[0]:.1f} ms from the "
-        f"profile, {tails[1]:.1f} ms calibrated; on the whole planning trace {tails[2]:.1f} "
-        f"and {tails[3]:.1f} ms"
+        f"profile, {tails[1]:.1f} ms calibrated; on the whole planning trace "
+        f"{session.plan.tail_s * 1e3:.1f} and {tails[2]:.1f} ms"
     )
     print(f"planning again with this calibration (`sloline plan {args.file} --calibration {out}`):")
     try:
@@ -645,7 +642,7 @@ def _add_planning_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--calibration",
         metavar="FILE",
-        help="plan with the serving measurements of `sloline run --calibration-out`",
+        help="plan with a calibration (`sloline calibrate` or `sloline run --calibration-out`)",
     )
 
 

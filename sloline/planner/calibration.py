@@ -128,7 +128,7 @@ class Calibration:
         duration_s: float,
         requests: int,
         warmup_batches: int = 0,
-        request_s: Samples | None = None,
+        request_s: npt.ArrayLike = (),
     ) -> Calibration:
         """From the router's per-batch records of a run: ``served[stage]`` = (hardware, max
         batch); per stage the dispatched batch sizes, the workers' model time per batch and
@@ -164,7 +164,7 @@ class Calibration:
             if paired:
                 hops.append(np.maximum(roundtrip[-paired:] - service[-paired:], 0.0))
         hop = np.concatenate(hops) if hops else np.empty(0)
-        request = np.asarray(request_s if request_s is not None else (), dtype=np.float64)
+        request = np.asarray(request_s, dtype=np.float64)
         return cls(pipeline, duration_s, requests, stages, _quantiles(hop), _quantiles(request))
 
     def apply(self, profile: PipelineProfile) -> PipelineProfile:

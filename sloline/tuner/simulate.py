@@ -120,10 +120,6 @@ class SimulationSettings:
             )
 
 
-def _config(plan: Plan) -> tuple[StageConfig, ...]:
-    return tuple(StageConfig(s.hardware, s.max_batch, s.replicas) for s in plan.stages)
-
-
 def _tuner_settings(plan: Plan, settings: SimulationSettings) -> TunerSettings:
     windows = plan.envelope.windows_s
     return settings.tuner or TunerSettings(
@@ -178,7 +174,7 @@ def _inferline(
         )
 
     name = "inferline-paper" if literal else "inferline"
-    return Policy(name, _config(plan), step, 0.0, settings.windows_s)
+    return Policy(name, plan.config, step, 0.0, settings.windows_s)
 
 
 def _per_stage(
@@ -241,10 +237,10 @@ def build_policy(
     stages = problem.topology.stages
     bounds = [problem.replica_bounds(s) for s in stages]
     if name == "plan":
-        return Policy("plan", _config(plan))
+        return Policy("plan", plan.config)
     if name == "oracle":
         oracle = make_plan(dataclasses.replace(problem, arrivals_s=trace.arrivals_s))
-        return Policy("oracle", _config(oracle))
+        return Policy("oracle", oracle.config)
     if name in {"inferline", "inferline-paper"}:
         tuner = _tuner_settings(plan, settings)
         return _inferline(problem, plan, tuner, literal=name == "inferline-paper")
@@ -252,7 +248,7 @@ def build_policy(
         return _cg_autoscale(problem, plan, settings)
     if name not in _PER_STAGE:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
-    return _PER_STAGE[name](_config(plan), bounds, settings)
+    return _PER_STAGE[name](plan.config, bounds, settings)
 
 
 def _hpa(
