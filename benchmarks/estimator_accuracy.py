@@ -75,11 +75,11 @@ from sloline.serving import process
 # first imported, below) and glibc's malloc thresholds; uvloop and gc.freeze() follow.
 process.use_grpc_iomgr()
 
-from sloline.calibrate import DRAIN_S  # noqa: E402
+from sloline.calibrate import DRAIN_S, measure_served  # noqa: E402
 from sloline.calibrate import replay as replay_arrivals  # noqa: E402
 from sloline.embedded import EmbeddedPipeline, EmbeddedSettings  # noqa: E402
 from sloline.embedded import StageConfig as ServedConfig  # noqa: E402
-from sloline.planner.calibration import Calibration, request_path  # noqa: E402
+from sloline.planner.calibration import Calibration  # noqa: E402
 from sloline.planner.config import StageConfig  # noqa: E402
 from sloline.planner.estimator import (  # noqa: E402
     Estimate,
@@ -749,20 +749,14 @@ def calibrate(
     arrivals = gamma_arrivals(rate_rps, CALIBRATION_S, cv2=1.0, seed=0)
     t0 = time.monotonic()
     replay = gen.call("replay", arrivals, CALIBRATION_S + DRAIN_S + 60.0)
-    window = served.router_window(t0)
+    t1 = time.monotonic()
     client = (replay["done"] - replay["sent"])[np.isfinite(replay["done"])]
     profile = example.session.profile
-    calibration = Calibration.measure(
-        profile,
-        {n: (c.hardware, c.max_batch) for n, c in zip(example.stages, example.config, strict=True)},
-        window["batch"],
-        window["service_s"],
-        window["roundtrip_s"],
-        pipeline=example.name,
-        duration_s=CALIBRATION_S,
-        requests=int(window["latency_s"].size),
-        request_s=request_path(client, window["latency_s"]),
-    )
+
+    async def measure() -> Calibration:  # on the router's loop, as it records
+        return measure_served(served.pipeline, profile, t0, t1, client_latency_s=client)
+
+    calibration = served.call(measure())
     calibrated = calibration.apply(profile)
     assert profile.overhead is not None
     request_s = np.asarray(calibration.request_s)
