@@ -21,9 +21,7 @@ run with errors rather than with unbounded memory.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-import multiprocessing as mp
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -141,34 +139,6 @@ async def _client_main(conn: Connection, url: str, model: str, payloads: list[Ar
             conn.send(await replay(infer, np.asarray(arrivals), grpc.aio.AioRpcError))
 
 
-class _Client:
-    def __init__(self, url: str, model: str, payloads: list[Arrays]) -> None:
-        ctx = mp.get_context("spawn")  # no inherited threads or gRPC state
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(
-            target=_client_process, args=(child, url, model, payloads), daemon=True
-        )
-        self.process.start()
-        child.close()
-
-    async def replay(self, arrivals_s: np.ndarray) -> dict[str, Any]:
-        self.conn.send(arrivals_s)
-        limit_s = float(arrivals_s[-1]) + DRAIN_S + 60.0 if arrivals_s.size else 60.0
-        loop = asyncio.get_running_loop()
-        if not await loop.run_in_executor(None, self.conn.poll, limit_s):
-            raise TimeoutError(f"the calibration client gave no answer in {limit_s:.0f} s")
-        result: dict[str, Any] = self.conn.recv()
-        return result
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.conn.send(None)
-        self.process.join(10)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(5)
-
-
 @dataclass(frozen=True, slots=True)
 class InSituRun:
     """What one calibration run measured: the calibration, and the client's view."""
@@ -205,11 +175,19 @@ async def measure_in_situ(
     async with EmbeddedPipeline(loaded, settings, configs=configs, plan=plan) as served:
         await served.wait_ready(180.0)
         process.freeze_startup_heap()  # as `sloline run` serves
-        client = _Client(served.grpc_url, loaded.name, payloads)
+        client = process.ChildProcess(
+            "calibration client", _client_process, served.grpc_url, loaded.name, payloads
+        )
+
+        async def replay(arrivals: np.ndarray) -> dict[str, Any]:
+            limit_s = float(arrivals[-1]) + DRAIN_S + 60.0 if arrivals.size else 60.0
+            result: dict[str, Any] = await client.call_async(arrivals, limit_s)
+            return result
+
         try:
-            await client.replay(arrivals_s[arrivals_s < warmup_s])
+            await replay(arrivals_s[arrivals_s < warmup_s])
             since = served.router.clock()
-            result = await client.replay(arrivals_s)
+            result = await replay(arrivals_s)
             until = served.router.clock()
         finally:
             client.close()

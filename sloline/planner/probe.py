@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing as mp
 import os
 import tempfile
 import time
@@ -137,27 +136,6 @@ def _client_process(conn: Connection, url: str, payload: Arrays) -> None:
             conn.send((latencies, time.process_time() - cpu0))
 
 
-class _Client:
-    def __init__(self, url: str, payload: Arrays) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_client_process, args=(child, url, payload), daemon=True)
-        self.process.start()
-        child.close()
-
-    async def call(self, kind: str, count: int, gap_s: float) -> tuple[list[float], float]:
-        self.conn.send((kind, count, gap_s))
-        loop = asyncio.get_running_loop()
-        latencies, cpu_s = await loop.run_in_executor(None, self.conn.recv)
-        return list(latencies), float(cpu_s)
-
-    def close(self) -> None:
-        self.conn.send(None)
-        self.process.join(10)
-        if self.process.is_alive():
-            self.process.terminate()
-
-
 # --------------------------------------------------------------------------- measurement
 @dataclass(frozen=True, slots=True)
 class _Run:
@@ -229,10 +207,17 @@ async def _blocks(
 async def _through_front_door(
     served: Served, payload: Arrays, kind: str, count: int, gap_s: float
 ) -> _Run:
-    client = _Client(served.grpc_url, payload)
+    from sloline.serving.process import ChildProcess
+
+    client = ChildProcess("probe client", _client_process, served.grpc_url, payload)
+
+    async def call(kind: str, n: int) -> tuple[list[float], float]:
+        latencies, cpu_s = await client.call_async((kind, n, gap_s))
+        return list(latencies), float(cpu_s)
+
     try:
-        await client.call("seq", 30, gap_s)  # warm-up: connection, code paths
-        return await _blocks(served, count, lambda n: client.call(kind, n, gap_s))
+        await call("seq", 30)  # warm-up: connection, code paths
+        return await _blocks(served, count, lambda n: call(kind, n))
     finally:
         client.close()
 

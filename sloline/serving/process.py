@@ -1,7 +1,8 @@
 """Process-wide settings of a serving process (the router or a worker): its event loop, its
 garbage collector and gRPC's I/O threads. The entry points (`sloline run`, `sloline
 router`, `sloline worker`) call these; library code and tests run with whatever loop and
-gRPC settings they are given.
+gRPC settings they are given. :class:`ChildProcess` is the one way sloline drives a helper
+process of its own (the profiler's and the calibration's clients).
 
 - **uvloop**: the router's and the workers' work per request is mostly event-loop
   bookkeeping (transports, futures, callbacks from gRPC's poller); uvloop does it in C.
@@ -22,9 +23,11 @@ gRPC settings they are given.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import multiprocessing as mp
 import os
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import uvloop
@@ -51,3 +54,43 @@ def freeze_startup_heap() -> None:
     reach (they live as long as the process)."""
     gc.collect()
     gc.freeze()
+
+
+class ChildProcess:
+    """A helper process driven over a pipe (the profiler's probe client, the calibration
+    client, the benchmarks' load generators). Spawned, not forked: it inherits no threads
+    and no gRPC state. ``target(conn, *args)`` answers each command it receives on
+    ``conn`` and returns when it receives None."""
+
+    def __init__(self, name: str, target: Callable[..., None], *args: Any) -> None:
+        self.name = name
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=target, args=(child, *args), daemon=True)
+        self.process.start()
+        child.close()
+
+    @property
+    def pid(self) -> int:
+        assert self.process.pid is not None
+        return self.process.pid
+
+    def call(self, command: Any, timeout_s: float | None = None) -> Any:
+        """Send ``command`` and wait for the answer (TimeoutError after ``timeout_s``)."""
+        self.conn.send(command)
+        if timeout_s is not None and not self.conn.poll(timeout_s):
+            raise TimeoutError(f"the {self.name} gave no answer in {timeout_s:.0f} s")
+        return self.conn.recv()
+
+    async def call_async(self, command: Any, timeout_s: float | None = None) -> Any:
+        """:meth:`call` without blocking the running event loop."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.call, command, timeout_s)
+
+    def close(self) -> None:
+        """Ask the process to stop; terminate it if it has not within 10 s."""
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
+        self.process.join(10)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5)
