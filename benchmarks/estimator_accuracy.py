@@ -22,6 +22,12 @@ against its profile, the hops and the request path under load; see ``calibrate``
 load generator's CPU per request is measured before each cell at the cell's rate on a
 trace of its own, without the CPU of its pacing.
 
+A cell is run again (``--attempts``) when other processes used the cores during it, or
+when the hypervisor stole the guest's CPU in some second (a host stall). With
+``--repeats N`` every cell is measured N times on the same trace: the run with the median
+measured P99 stands for the cell, and the table of repeats shows every run's P99, error
+and attainment, i.e. how far the same trace moves from run to run on this machine.
+
 Requests carry ``timeout_ms=30000``: the estimator does not simulate the router's deadline
 drop (2 x SLO), so the measured tail must not be cut by it.
 
@@ -34,7 +40,8 @@ the client, the workers and everything else on the machine.
 
     python benchmarks/estimator_accuracy.py [--quick] [--duration-s S] [--examples NAME ...]
                                             [--cache-dir DIR] [--reprofile]
-                                            [--attempts N] [--quiet-timeout-s S]
+                                            [--attempts N] [--repeats N]
+                                            [--quiet-timeout-s S]
                                             [--budget-s S]
     python benchmarks/estimator_accuracy.py --client-diagnostic RESULTS.json
 
@@ -47,11 +54,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import math
-import multiprocessing as mp
 import os
 import platform
 import subprocess
@@ -70,6 +75,7 @@ import psutil  # type: ignore[import-untyped]
 import uvloop
 
 from sloline.serving import process
+from sloline.serving.process import ChildProcess
 
 # The router's process as `sloline run` sets it up: gRPC's I/O manager (read when grpc is
 # first imported, below) and glibc's malloc thresholds; uvloop and gc.freeze() follow.
@@ -143,6 +149,7 @@ QUIET_CORES = 0.15
 QUIET_SPAN_S = 3.0
 QUIET_TIMEOUT_S = 900.0
 DISTURBED_1S_CORES = 0.5
+STOLEN_1S_CORES = 0.05  # 50 ms of the guest's CPU time stolen by the host in one second
 MAX_ATTEMPTS = 4
 EXAMPLE_SETUP_S = 180.0  # --budget-s: profiling, serving, warm-up and idle probe, nominal
 CELL_OVERHEAD_S = 30.0  # --budget-s: client probe, estimates, drain and analysis, nominal
@@ -220,38 +227,11 @@ async def _probe(
     return {"live_s": lives, "infer_s": infers}
 
 
-class LoadGenerator:
-    """The load-generator process (spawned: no inherited threads or gRPC state)."""
-
-    def __init__(
-        self, url: str, model: str, payloads: list[Arrays], datatypes: dict[str, str]
-    ) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(
-            target=_loadgen_process, daemon=True, args=(child, url, model, payloads, datatypes)
-        )
-        self.process.start()
-        child.close()
-
-    def call(self, kind: str, arg: Any, timeout_s: float) -> Any:
-        self.conn.send((kind, arg))
-        if not self.conn.poll(timeout_s):
-            raise TimeoutError(f"load generator gave no answer to {kind!r} in {timeout_s:.0f} s")
-        return self.conn.recv()
-
-    @property
-    def pid(self) -> int:
-        assert self.process.pid is not None
-        return self.process.pid
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.conn.send(None)
-        self.process.join(10)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(5)
+def load_generator(
+    url: str, model: str, payloads: list[Arrays], datatypes: dict[str, str]
+) -> ChildProcess:
+    """The load-generator process: answers ("replay" | "pace", arrivals) and ("probe", n)."""
+    return ChildProcess("load generator", _loadgen_process, url, model, payloads, datatypes)
 
 
 # --------------------------------------------------------------------------- served pipeline
@@ -356,13 +336,14 @@ def _cpu_s(procs: dict[str, psutil.Process]) -> dict[str, float]:
 
 
 class CpuSampler:
-    """Once a second, the cores busy machine-wide and the cores this pipeline and its
-    client use, to line latency spikes up with other people's jobs."""
+    """Once a second, the cores busy machine-wide, the cores this pipeline and its client
+    use, and the cores the hypervisor stole, to line latency spikes up with other people's
+    jobs and with host stalls."""
 
     def __init__(self, procs: dict[str, psutil.Process]) -> None:
         self.procs = procs
-        # (monotonic, all busy cores, ours, busy cores at normal priority)
-        self.samples: list[tuple[float, float, float, float]] = []
+        # (monotonic, all busy cores, ours, busy cores at normal priority, stolen cores)
+        self.samples: list[tuple[float, float, float, float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -381,6 +362,7 @@ class CpuSampler:
                     _machine_busy(before, after) * ncpu,
                     (ours1 - ours0) / (t1 - t0),
                     _machine_busy(before, after, niced=False) * ncpu,
+                    float(after.steal - before.steal) / (t1 - t0),
                 )
             )
             before, ours0, t0 = after, ours1, t1
@@ -398,8 +380,9 @@ def per_second(
     scheduled: np.ndarray, latency: np.ndarray, slo_s: float, cpu: CpuSampler, start_mono: float
 ) -> dict[str, list[float]]:
     """Per second of the trace (from the client's start): requests, SLO misses, P99 and
-    max latency (ms), and the cores other processes used in the same second (all of them,
-    and those at normal priority)."""
+    max latency (ms), the cores other processes used in the same second (all of them,
+    and those at normal priority; stolen time counts as used by others) and the cores
+    stolen by the hypervisor."""
     second = np.floor(scheduled - start_mono).astype(int)
     out: dict[str, list[float]] = {
         "n": [],
@@ -408,8 +391,9 @@ def per_second(
         "max_ms": [],
         "others_cores": [],
         "others_normal_cores": [],
+        "steal_cores": [],
     }
-    samples = np.array(cpu.samples) if cpu.samples else np.empty((0, 4))
+    samples = np.array(cpu.samples) if cpu.samples else np.empty((0, 5))
     for k in range(int(second.max()) + 1 if scheduled.size else 0):
         lat = latency[second == k]
         lat = np.where(np.isfinite(lat), lat, math.inf)
@@ -427,6 +411,7 @@ def per_second(
         out["others_normal_cores"].append(
             round(float(later[0, 3] - later[0, 2]), 2) if later.size else math.nan
         )
+        out["steal_cores"].append(round(float(later[0, 4]), 3) if later.size else math.nan)
     return out
 
 
@@ -476,12 +461,23 @@ def others_key(niced: bool) -> str:
     return "others_cores" if niced else "others_normal_cores"
 
 
+def worst_second(cell: dict[str, Any], key: str) -> float:
+    """The largest per-second value of ``key`` in the cell (0 without any)."""
+    return max((c for c in cell["per_second"].get(key, ()) if math.isfinite(c)), default=0.0)
+
+
 def disturbed(cell: dict[str, Any], *, niced: bool) -> bool:
     """Other tenants used the cores during the cell (niced ones counted with ``niced``):
-    on average more than QUIET_CORES, or more than DISTURBED_1S_CORES in some second."""
+    on average more than QUIET_CORES, or more than DISTURBED_1S_CORES in some second; or
+    the hypervisor stole more than STOLEN_1S_CORES of the guest's cores in some second (a
+    host stall: every process of the pipeline stops at once, which no estimate of this
+    machine's serving models)."""
     key = others_key(niced)
-    worst = max((c for c in cell["per_second"][key] if math.isfinite(c)), default=0.0)
-    return bool(cell[key] > QUIET_CORES or worst > DISTURBED_1S_CORES)
+    return bool(
+        cell[key] > QUIET_CORES
+        or worst_second(cell, key) > DISTURBED_1S_CORES
+        or worst_second(cell, "steal_cores") > STOLEN_1S_CORES
+    )
 
 
 # --------------------------------------------------------------------------- estimation
@@ -630,7 +626,7 @@ def idle_probe(
 def run_cell(
     example: Example,
     served: Served,
-    gen: LoadGenerator,
+    gen: ChildProcess,
     rate_rps: float,
     cv2: float,
     duration_s: float,
@@ -659,7 +655,7 @@ def run_cell(
     cpu0, machine0, load0 = _cpu_s(procs), psutil.cpu_times(), os.getloadavg()
     t0, wall0 = time.monotonic(), time.perf_counter()
     with CpuSampler(procs) as sampler:
-        replay = gen.call("replay", arrivals, duration_s + DRAIN_S + 60.0)
+        replay = gen.call(("replay", arrivals), duration_s + DRAIN_S + 60.0)
     wall_s = time.perf_counter() - wall0
     cpu1, machine1, load1 = _cpu_s(procs), psutil.cpu_times(), os.getloadavg()
     window = served.router_window(t0)
@@ -715,7 +711,7 @@ def run_cell(
 
 
 def client_cpu_per_request(
-    gen: LoadGenerator, rate_rps: float, cv2: float, seed: int
+    gen: ChildProcess, rate_rps: float, cv2: float, seed: int
 ) -> dict[str, float]:
     """The load generator's CPU per request at a cell's rate and CV², on a trace of its own
     (not the cell's): CLIENT_PROBE_S of requests, less the same pacing with nothing sent.
@@ -727,7 +723,7 @@ def client_cpu_per_request(
     used = {}
     for kind in ("pace", "replay"):
         cpu0 = sum(client.cpu_times()[:2])
-        gen.call(kind, arrivals, CLIENT_PROBE_S + DRAIN_S + 60.0)
+        gen.call((kind, arrivals), CLIENT_PROBE_S + DRAIN_S + 60.0)
         used[kind] = sum(client.cpu_times()[:2]) - cpu0
     return {
         "cpu_s": max(0.0, used["replay"] - used["pace"]) / arrivals.size,
@@ -737,7 +733,7 @@ def client_cpu_per_request(
 
 
 def calibrate(
-    example: Example, served: Served, gen: LoadGenerator, rate_rps: float
+    example: Example, served: Served, gen: ChildProcess, rate_rps: float
 ) -> tuple[PipelineProfile, dict[str, Any]]:
     """What the profile misses in situ, measured once at the planned load on a trace of
     its own (CV² 1, a seed no cell uses): the product's calibration
@@ -748,7 +744,7 @@ def calibrate(
     Returns the profile with the calibration applied, and what was measured."""
     arrivals = gamma_arrivals(rate_rps, CALIBRATION_S, cv2=1.0, seed=0)
     t0 = time.monotonic()
-    replay = gen.call("replay", arrivals, CALIBRATION_S + DRAIN_S + 60.0)
+    replay = gen.call(("replay", arrivals), CALIBRATION_S + DRAIN_S + 60.0)
     t1 = time.monotonic()
     client = (replay["done"] - replay["sent"])[np.isfinite(replay["done"])]
     profile = example.session.profile
@@ -799,6 +795,79 @@ class Budget:
         return self.deadline - time.monotonic() - ahead
 
 
+def measure_cell(
+    example: Example,
+    served: Served,
+    gen: ChildProcess,
+    cell_key: tuple[float, float, int],
+    duration_s: float,
+    calibrated: PipelineProfile,
+    *,
+    label: str,
+    attempts: int,
+    quiet: Callable[[], float],
+    budget: Budget,
+    count_niced: bool,
+) -> dict[str, Any]:
+    """One run of a cell (rate, CV², seed): again while other processes or the host
+    disturb it, up to ``attempts`` times and while the budget has slack. The least
+    disturbed attempt stands; every attempt is summarised in its ``attempts``."""
+    rate, cv2, seed = cell_key
+    runs = []
+    for attempt in range(attempts):
+        quiet_s = quiet()
+        client_cpu = client_cpu_per_request(gen, rate, cv2, seed=1000 + seed - 1)
+        print(
+            f"  {example.name}: {rate:g} rps, CV² {cv2:g}, {duration_s:g} s "
+            f"({label}attempt {attempt + 1}, waited {quiet_s:.0f} s for quiet) ...",
+            file=sys.stderr,
+        )
+        cell = run_cell(
+            example, served, gen, rate, cv2, duration_s, seed, client_cpu["cpu_s"], calibrated
+        )
+        cell["client_probe"] = client_cpu
+        cell["waited_for_quiet_s"] = quiet_s
+        runs.append(cell)
+        print("    " + row(example.name, cell), file=sys.stderr)
+        # Again only if there is time for it and every cell still to come.
+        if not disturbed(cell, niced=count_niced) or budget.slack_s() < 0.0:
+            break
+    key = others_key(count_niced)
+    kept = min(runs, key=lambda c: (disturbed(c, niced=count_niced), c[key]))
+    kept["disturbed"] = disturbed(kept, niced=count_niced)
+    kept["attempts"] = [
+        {
+            "others_cores": c["others_cores"],
+            "others_normal_cores": c["others_normal_cores"],
+            "others_normal_max_1s": worst_second(c, "others_normal_cores"),
+            "others_max_1s": worst_second(c, "others_cores"),
+            "steal_max_1s": worst_second(c, "steal_cores"),
+            "measured_p99_ms": c["measured"]["p99_ms"],
+        }
+        for c in runs
+    ]
+    return kept
+
+
+def median_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The run of a cell that stands for it: with ``--repeats N``, the run whose measured
+    P99 is the median (N odd) or the upper of the two middle ones (N even), so its every
+    field comes from one real run; the others are summarised in its ``repeats``."""
+    ordered = sorted(runs, key=lambda c: c["measured"]["p99_ms"])
+    kept = ordered[len(ordered) // 2]
+    kept["repeats"] = [
+        {
+            "measured_p99_ms": c["measured"]["p99_ms"],
+            "attainment": c["measured"]["attainment"],
+            "disturbed": c["disturbed"],
+            "error": c["error"],
+            "attempts": c["attempts"],
+        }
+        for c in runs
+    ]
+    return kept
+
+
 def run_example(
     example: Example,
     cells: Sequence[tuple[float, float]],
@@ -807,6 +876,7 @@ def run_example(
     planned_rps: float,
     *,
     attempts: int = MAX_ATTEMPTS,
+    repeats: int = 1,
     quiet_timeout_s: float = QUIET_TIMEOUT_S,
     count_niced: bool = True,
     budget: Budget | None = None,
@@ -818,13 +888,13 @@ def run_example(
     datatypes = {t.name: str(t.datatype) for t in example.loaded.pipeline.spec.inputs}
     out: dict[str, Any] = {"cells": []}
     with Served(example.loaded, configs) as served:
-        gen = LoadGenerator(
+        gen = load_generator(
             served.pipeline.grpc_url, example.loaded.name, example.payloads, datatypes
         )
         try:
             # Warm-up, not measured: connections, code paths, larger batches (bursty).
             top = max(rate for rate, _ in cells)
-            gen.call("replay", gamma_arrivals(top, 5.0, cv2=4.0, seed=999), 120.0)
+            gen.call(("replay", gamma_arrivals(top, 5.0, cv2=4.0, seed=999)), 120.0)
             budget = budget or Budget(None, 0.0, 0, 0)
 
             def quiet() -> float:
@@ -833,61 +903,31 @@ def run_example(
 
             quiet()
             t0 = time.monotonic()
-            probe = gen.call("probe", probe_count, 300.0)
+            probe = gen.call(("probe", probe_count), 300.0)
             out["idle_probe"] = idle_probe(example, probe, served.router_window(t0))
             quiet()
             calibrated, out["calibration"] = calibrate(example, served, gen, planned_rps)
             budget.examples_left = max(0, budget.examples_left - 1)
             for k, (rate, cv2) in enumerate(cells):
                 runs = []
-                for attempt in range(attempts):
-                    quiet_s = quiet()
-                    client_cpu = client_cpu_per_request(gen, rate, cv2, seed=1000 + k)
-                    print(
-                        f"  {example.name}: {rate:g} rps, CV² {cv2:g}, {duration_s:g} s "
-                        f"(attempt {attempt + 1}, waited {quiet_s:.0f} s for quiet) ...",
-                        file=sys.stderr,
+                for repeat in range(repeats):
+                    runs.append(
+                        measure_cell(
+                            example,
+                            served,
+                            gen,
+                            (rate, cv2, k + 1),
+                            duration_s,
+                            calibrated,
+                            label=f"run {repeat + 1} of {repeats}, " if repeats > 1 else "",
+                            attempts=attempts,
+                            quiet=quiet,
+                            budget=budget,
+                            count_niced=count_niced,
+                        )
                     )
-                    cell = run_cell(
-                        example,
-                        served,
-                        gen,
-                        rate,
-                        cv2,
-                        duration_s,
-                        k + 1,
-                        client_cpu["cpu_s"],
-                        calibrated,
-                    )
-                    cell["client_probe"] = client_cpu
-                    cell["waited_for_quiet_s"] = quiet_s
-                    runs.append(cell)
-                    print("    " + row(example.name, cell), file=sys.stderr)
-                    # Again only if there is time for it and every cell still to come.
-                    if not disturbed(cell, niced=count_niced) or budget.slack_s() < 0.0:
-                        break
-                budget.cells_left = max(0, budget.cells_left - 1)
-                # The least disturbed attempt stands; every attempt is in the results.
-                key = others_key(count_niced)
-                kept = min(runs, key=lambda c: (disturbed(c, niced=count_niced), c[key]))
-                kept["disturbed"] = disturbed(kept, niced=count_niced)
-                kept["attempts"] = [
-                    {
-                        "others_cores": c["others_cores"],
-                        "others_normal_cores": c["others_normal_cores"],
-                        "others_normal_max_1s": max(
-                            (x for x in c["per_second"]["others_normal_cores"] if math.isfinite(x)),
-                            default=0.0,
-                        ),
-                        "others_max_1s": max(
-                            (x for x in c["per_second"]["others_cores"] if math.isfinite(x)),
-                            default=0.0,
-                        ),
-                        "measured_p99_ms": c["measured"]["p99_ms"],
-                    }
-                    for c in runs
-                ]
-                out["cells"].append(kept)
+                    budget.cells_left = max(0, budget.cells_left - 1)
+                out["cells"].append(median_run(runs))
         finally:
             gen.close()
     return out
@@ -921,10 +961,30 @@ def row(name: str, cell: dict[str, Any]) -> str:
     )
 
 
+REPEATS_HEADER = (
+    "| example | rate rps | CV² | measured P99 ms, run by run | spread (max / min - 1) | "
+    "est. P99 ms (calibrated) | error, run by run | measured attainment, lowest run |\n"
+    "|---|---:|---:|---|---:|---:|---|---:|"
+)
+
+
+def repeats_row(name: str, cell: dict[str, Any]) -> str:
+    runs = cell["repeats"]
+    p99 = [r["measured_p99_ms"] for r in runs]
+    return (
+        f"| {name} | {cell['rate_rps']:g} | {cell['cv2']:g} | "
+        f"{' / '.join(f'{v:.1f}' for v in p99)} | {(max(p99) / min(p99) - 1) * 100:.0f}% | "
+        f"{cell['estimated'][CALIBRATED]['p99_ms']:.1f} | "
+        f"{' / '.join(_err(r['error'][CALIBRATED]) for r in runs)} | "
+        f"{min(r['attainment'] for r in runs) * 100:.2f}% |"
+    )
+
+
 BREAKDOWN_HEADER = (
     "| example | rate rps | CV² | client - router P50 ms | send lag P99 ms | "
     "bottleneck: est. util, mean batch est/meas, service / profile, wall / CPU | "
-    "CPU cores: router / client / workers / others (niced too) | router cores est. | "
+    "CPU cores: router / client / workers / others (niced too), stolen in the worst second | "
+    "router cores est. | "
     "client CPU ms per request simulated (with pacing), pacing cores | "
     "router full GCs (max ms) |\n|---|---:|---:|---:|---:|---|---|---:|---|---:|"
 )
@@ -941,7 +1001,8 @@ def breakdown_row(name: str, cell: dict[str, Any]) -> str:
         f"{bottleneck}: {s['est_utilisation']:.2f}, {s['est_mean_batch']:.2f}/"
         f"{s['mean_batch']:.2f}, x{s['slowdown']:.2f}, x{s['wall_over_cpu']:.2f} | "
         f"{cpu['router']:.2f} / {cpu['client']:.2f} / {workers:.2f} / "
-        f"{cell['others_normal_cores']:.2f} ({cell['others_cores']:.2f}) | "
+        f"{cell['others_normal_cores']:.2f} ({cell['others_cores']:.2f}), "
+        f"{worst_second(cell, 'steal_cores'):.2f} | "
         f"{cell['estimated']['p50']['router_cores']:.2f} | "
         f"{client['cpu_s'] * 1e3:.2f} ({client['with_pacing_cpu_s'] * 1e3:.2f}), "
         f"{client['pacing_cores']:.2f} | "
@@ -1061,6 +1122,13 @@ def main() -> None:
         help="runs of a cell at most, while other processes disturb it",
     )
     parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="measure every cell this many times on the same trace; the run with the "
+        "median P99 stands for the cell, all are reported (run-to-run spread)",
+    )
+    parser.add_argument(
         "--quiet-timeout-s",
         type=float,
         default=QUIET_TIMEOUT_S,
@@ -1087,6 +1155,8 @@ def main() -> None:
         return
     if args.attempts < 1:
         parser.error("--attempts must be at least 1")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     duration_s = args.duration_s or (8.0 if args.quick else 60.0)
     # The serving overhead depends on the machine's state more than the stage profiles
     # do: measured again on every run, whatever the profile cache holds.
@@ -1102,6 +1172,7 @@ def main() -> None:
             "service_modes": SERVICE_MODES,
             "reprofile": args.reprofile,
             "attempts": args.attempts,
+            "repeats": args.repeats,
             "ignore_niced": args.ignore_niced,
             "quiet_timeout_s": args.quiet_timeout_s,
             "budget_s": args.budget_s,
@@ -1116,10 +1187,11 @@ def main() -> None:
         },
         "examples": {},
     }
-    rows, breakdown, probes, plans = [], [], [], []
+    rows, breakdown, probes, plans, repeats = [], [], [], [], []
     examples = args.examples or [n for n in RATE_FACTORS if not (args.quick and n == "sleepy")]
     n_cells = sum(1 if args.quick else len(RATE_FACTORS[n]) * len(CV2S) for n in examples)
-    budget = Budget(args.budget_s, duration_s + CELL_OVERHEAD_S, n_cells, len(examples))
+    cell_s = duration_s + CELL_OVERHEAD_S
+    budget = Budget(args.budget_s, cell_s, n_cells * args.repeats, len(examples))
     for name in examples:
         print(f"{name}: profiling (cached) and planning ...", file=sys.stderr)
         example = prepare(name, settings)
@@ -1138,6 +1210,7 @@ def main() -> None:
             probe_count=50 if args.quick else 200,
             planned_rps=rate,
             attempts=args.attempts,
+            repeats=args.repeats,
             quiet_timeout_s=args.quiet_timeout_s,
             count_niced=not args.ignore_niced,
             budget=budget,
@@ -1158,11 +1231,15 @@ def main() -> None:
         report["examples"][name] = result
         rows += [row(name, c) for c in result["cells"]]
         breakdown += [breakdown_row(name, c) for c in result["cells"]]
+        repeats += [repeats_row(name, c) for c in result["cells"]]
         probes.append(probe_row(name, result["idle_probe"]))
         plans.append(plan.to_table())
     report["runtime_s"] = time.perf_counter() - began
     report["machine"]["loadavg_end"] = os.getloadavg()
-    for header, lines in ((HEADER, rows), (BREAKDOWN_HEADER, breakdown), (PROBE_HEADER, probes)):
+    tables = [(HEADER, rows), (BREAKDOWN_HEADER, breakdown), (PROBE_HEADER, probes)]
+    if args.repeats > 1:
+        tables.insert(1, (REPEATS_HEADER, repeats))
+    for header, lines in tables:
         print("\n" + header + "\n" + "\n".join(lines))
     print("\n" + "\n\n".join(plans))
     loads = [report["machine"][k] for k in ("loadavg_start", "loadavg_end")]
