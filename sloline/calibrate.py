@@ -179,15 +179,17 @@ async def measure_in_situ(
             "calibration client", _client_process, served.grpc_url, loaded.name, payloads
         )
 
-        async def replay(arrivals: np.ndarray) -> dict[str, Any]:
+        async def send(arrivals: np.ndarray) -> dict[str, Any]:
+            """The client's :func:`replay` of ``arrivals``, awaited at most until its drain
+            time has passed by a minute."""
             limit_s = float(arrivals[-1]) + DRAIN_S + 60.0 if arrivals.size else 60.0
             result: dict[str, Any] = await client.call_async(arrivals, limit_s)
             return result
 
         try:
-            await replay(arrivals_s[arrivals_s < warmup_s])
+            await send(arrivals_s[arrivals_s < warmup_s])
             since = served.router.clock()
-            result = await replay(arrivals_s)
+            result = await send(arrivals_s)
             until = served.router.clock()
         finally:
             client.close()
