@@ -270,8 +270,9 @@ class Served:
             self.thread.join(10)
 
     def router_window(self, t0: float) -> dict[str, Any]:
-        """The router's request latencies, and per stage its batch sizes and the workers'
-        service times per batch, since ``t0`` (read on the router's loop)."""
+        """The router's request latencies, and per stage, batch by batch, its sizes, the
+        workers' service and CPU times and the round trips, since ``t0`` (read on the
+        router's loop)."""
 
         async def read() -> dict[str, Any]:
             stats = self.pipeline.router.stats
@@ -279,6 +280,7 @@ class Served:
                 "latency_s": stats.latency.since(t0).copy(),
                 "batch": {s: r.since(t0).copy() for s, r in stats.stage_batch.items()},
                 "service_s": {s: r.since(t0).copy() for s, r in stats.stage_service.items()},
+                "cpu_s": {s: r.since(t0).copy() for s, r in stats.stage_cpu.items()},
                 "roundtrip_s": {s: r.since(t0).copy() for s, r in stats.stage_roundtrip.items()},
             }
 
@@ -572,6 +574,9 @@ def stage_breakdown(
             "est_mean_batch": result.stages[m].mean_batch,
             "est_utilisation": result.stages[m].utilisation,
             "service_mean_ms": float(service.mean()) * 1e3 if service.size else math.nan,
+            "service_cpu_mean_ms": float(window["cpu_s"][name].mean()) * 1e3
+            if service.size
+            else math.nan,
             "profile_mean_ms": float(expected.mean()) * 1e3 if expected.size else math.nan,
             "slowdown": float(service.mean() / expected.mean()) if nonempty else math.nan,
             "worker_cpu_s": cpu,
@@ -753,6 +758,7 @@ def calibrate(
         return measure_served(served.pipeline, profile, t0, t1, client_latency_s=client)
 
     calibration = served.call(measure())
+    window = served.router_window(t0)
     calibrated = calibration.apply(profile)
     assert profile.overhead is not None
     request_s = np.asarray(calibration.request_s)
@@ -775,6 +781,12 @@ def calibrate(
         "request_p99_ms": percentile(request_s, 99.0) * 1e3,
         "probe_request_p50_ms": profile.overhead.request_median_s * 1e3,
         "probe_request_p99_ms": percentile(profile.overhead.request_table_s(), 99.0) * 1e3,
+        # What it was computed from, so that other calibrations can be tried on this run.
+        "calibration": calibration.to_dict(),
+        "batches": {
+            key: {n: np.round(a, 7).tolist() for n, a in window[key].items()}
+            for key in ("batch", "service_s", "cpu_s", "roundtrip_s")
+        },
     }
     return calibrated, info
 

@@ -63,15 +63,21 @@ def run_batch(runner: StageRunner, batch: pb.Batch, payload: memoryview) -> byte
     batch's error text. Inputs are views of the received message, outputs are copied
     once, into the reply (`wire`)."""
     items = wire.batch_arrays(batch, payload)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         outputs = runner.run(items)
     except Exception as exc:  # the model's failure is reported, never kills the worker
         log.exception("batch %d failed", batch.batch_id)
-        return wire.result_message(
-            batch.batch_id, [], time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
-        )
-    return wire.result_message(batch.batch_id, outputs, time.perf_counter() - start)
+        outputs, error = [], f"{type(exc).__name__}: {exc}"
+    else:
+        error = ""
+    return wire.result_message(
+        batch.batch_id,
+        outputs,
+        time.perf_counter() - start,
+        error,
+        cpu_s=time.process_time() - cpu,
+    )
 
 
 class Worker:

@@ -337,14 +337,11 @@ class Router:
     def _perform(self, queue: StageQueue, step: Step) -> None:
         if step.dispatches:
             now = self.clock()
-            batches = self.stats.stage_batch[queue.stage]
             for dispatch in step.dispatches:
                 conn = self.workers.get(str(dispatch.worker))
                 if conn is None:  # pragma: no cover - the queue only knows connected workers
                     raise RuntimeError(f"dispatch to unknown worker {dispatch.worker}")
-                size = len(dispatch.items)
-                self.metrics.batch(queue.stage, size)
-                batches.add(now, size)
+                self.metrics.batch(queue.stage, len(dispatch.items))
                 conn.dispatched_at = now
                 conn.send(
                     wire.batch_message(dispatch.batch_id, [item.inputs for item in dispatch.items])
@@ -411,9 +408,11 @@ class Router:
         now = self.clock()
         step = queue.worker_done(conn.id, result.batch_id, now)
         self.metrics.service_time(stage, result.service_s)
-        self.stats.stage_service[stage].add(now, result.service_s)
-        self.stats.stage_roundtrip[stage].add(now, now - conn.dispatched_at)
         items = step.completed
+        self.stats.stage_batch[stage].add(now, len(items))
+        self.stats.stage_service[stage].add(now, result.service_s)
+        self.stats.stage_cpu[stage].add(now, result.cpu_s)
+        self.stats.stage_roundtrip[stage].add(now, now - conn.dispatched_at)
         visits = self.stats.stage_latency[stage]
         for item in items:
             visits.add(now, now - item.enqueued_at)

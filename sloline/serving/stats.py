@@ -57,8 +57,9 @@ class Window:
 
 
 class RouterStats:
-    """Recent request latencies and failures; per stage: visit latency (queued to answered),
-    batch size, the worker-measured model time per batch and each batch's round trip."""
+    """Recent request latencies and failures; per stage: visit latency (queued to answered)
+    and, per batch answered (the same index in every ring): its size, the worker-measured
+    model time and CPU time, and its round trip."""
 
     def __init__(self, stages: list[str], size: int = 65536) -> None:
         self.latency = Ring(size)
@@ -66,6 +67,7 @@ class RouterStats:
         self.stage_latency = {s: Ring(size) for s in stages}
         self.stage_batch = {s: Ring(size // 4) for s in stages}
         self.stage_service = {s: Ring(size // 4) for s in stages}  # model time per batch
+        self.stage_cpu = {s: Ring(size // 4) for s in stages}  # the worker's CPU over it
         # Per batch, dispatch to result back on the router's loop: the model time plus
         # the hop (wire, wake-ups, the worker's own decode and encode, the loop's delay).
         self.stage_roundtrip = {s: Ring(size // 4) for s in stages}

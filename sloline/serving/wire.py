@@ -169,12 +169,14 @@ def result_message(
     outputs: Sequence[Mapping[str, np.ndarray]],
     service_s: float,
     error: str = "",
+    cpu_s: float = 0.0,
 ) -> bytes:
     """The message returning one batch's per-item outputs (or the batch's error)."""
     message = pb.WorkerMessage()
     result = message.result
     result.batch_id = batch_id
     result.service_s = service_s
+    result.cpu_s = cpu_s
     result.error = error
     buffers: list[Buffer] = []
     for out in outputs:

@@ -205,19 +205,21 @@ def test_image_ensemble_1000_concurrent_requests_match_in_process() -> None:
         assert served.pipeline is not None
         stats = served.pipeline.router.stats
 
-        async def round_trips() -> dict[str, tuple[np.ndarray, np.ndarray]]:
-            return {
-                s: (stats.stage_service[s].since(0.0), stats.stage_roundtrip[s].since(0.0))
-                for s in batches
-            }
+        async def per_batch() -> dict[str, tuple[np.ndarray, ...]]:
+            rings = (stats.stage_batch, stats.stage_service, stats.stage_cpu, stats.stage_roundtrip)
+            return {s: tuple(r[s].since(0.0) for r in rings) for s in batches}
 
-        per_stage = served.call(round_trips())
+        per_stage = served.call(per_batch())
     assert len(results) == 1000
-    # Every batch's round trip (dispatch to result back on the router) covers the model
-    # time the worker measured for it; one of each per batch.
-    for stage, (service, roundtrip) in per_stage.items():
-        assert service.size == roundtrip.size > 0, stage
+    # One record of each per answered batch: its size (every image visits every stage
+    # once), the model time the worker measured, the worker's CPU time over it (the
+    # models run on the worker's one thread, so at most the wall time plus the
+    # scheduler's tick granularity) and the round trip, which covers the model time.
+    for stage, (sizes, service, cpu, roundtrip) in per_stage.items():
+        assert sizes.size == service.size == cpu.size == roundtrip.size > 0, stage
+        assert sizes.sum() == 1000, stage
         assert np.all(roundtrip >= service), stage
+        assert 0.0 < cpu.sum() <= service.sum() + 0.01 * cpu.size, stage
     for i, result in enumerate(results):
         assert result.get_response().id == str(i)
         probs = result.as_numpy("probabilities")[0]
