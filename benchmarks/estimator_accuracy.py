@@ -769,6 +769,7 @@ def calibrate(
             n: {
                 "batches": s.batches,
                 "extra_ms": s.extra_s * 1e3,
+                "wall_extra_ms": (s.wall_mean_s - s.profile_mean_s) * 1e3,
                 "ratio": s.service_mean_s / s.profile_mean_s if s.batches else math.nan,
             }
             for n, s in calibration.stages.items()

@@ -217,6 +217,8 @@ def measure_served(
     router = served.router
     stats = router.stats
     router_latency = stats.latency.since(since)
+    catalog = served.settings.catalog
+    on_cpu = {n for n, c in served.configs.items() if catalog.get(c.hardware).accelerator == "cpu"}
     return Calibration.measure(
         profile,
         {n: (c.hardware, c.max_batch) for n, c in served.configs.items()},
@@ -227,6 +229,7 @@ def measure_served(
         duration_s=max(0.0, (router.clock() if until is None else until) - since),
         requests=int(router_latency.size),
         warmup_batches=warmup_batches,
+        cpu_s={n: r.since(since) for n, r in stats.stage_cpu.items() if n in on_cpu},
         request_s=(
             request_path(client_latency_s, router_latency) if client_latency_s is not None else ()
         ),

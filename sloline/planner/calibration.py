@@ -7,9 +7,12 @@ longer than the idle probe's (docs/planner.md, "Estimator vs reality": in-situ h
 0.75-0.95 ms at the median against 0.03-0.21 ms idle). A :class:`Calibration` records, from
 the router's own per-batch records of a real run:
 
-- per stage, the mean model time per batch beyond the profile's P50 at the batch sizes the
-  router dispatched (``extra_s``, clamped at 0: a calibration never makes a stage faster
-  than its profile);
+- per stage, the mean model time per batch beyond the profile's P50 at the sizes of the
+  same batches (``extra_s``, clamped at 0: a calibration never makes a stage faster than
+  its profile). On a CPU class the model time is the worker's CPU time per batch (over
+  the class's thread count), not its wall time: what a batch waited for a core while
+  others ran is what the estimator's processor sharing adds itself, and counting the
+  wall time would add it twice;
 - the in-situ hop: each batch's round trip on the router less the worker's model time.
 
 - the request path outside the router, when the load came from a client that timed its
@@ -70,8 +73,9 @@ class StageCalibration:
     max_batch: int
     batches: int
     mean_batch: float
-    service_mean_s: float  # the workers' model time per batch, in situ
+    service_mean_s: float  # the workers' model time per batch, in situ (CPU time on a CPU class)
     profile_mean_s: float  # the profile's P50 at the same batch sizes
+    wall_mean_s: float = math.nan  # the workers' wall time per batch, in situ (for the record)
 
     @property
     def extra_s(self) -> float:
@@ -90,6 +94,7 @@ class StageCalibration:
             "meanBatch": self.mean_batch,
             "serviceMeanSeconds": self.service_mean_s,
             "profileMeanSeconds": self.profile_mean_s,
+            "wallMeanSeconds": self.wall_mean_s,
         }
 
     @classmethod
@@ -101,6 +106,7 @@ class StageCalibration:
             mean_batch=float(data["meanBatch"]),
             service_mean_s=float(data["serviceMeanSeconds"]),
             profile_mean_s=float(data["profileMeanSeconds"]),
+            wall_mean_s=float(data.get("wallMeanSeconds", data["serviceMeanSeconds"])),
         )
 
 
@@ -129,29 +135,39 @@ class Calibration:
         requests: int,
         warmup_batches: int = 0,
         request_s: npt.ArrayLike = (),
+        cpu_s: Mapping[str, Samples] | None = None,
     ) -> Calibration:
         """From the router's per-batch records of a run: ``served[stage]`` = (hardware, max
-        batch); per stage the dispatched batch sizes, the workers' model time per batch and
-        each batch's round trip (the router's ``stage_batch``, ``stage_service`` and
-        ``stage_roundtrip``), oldest first; the first ``warmup_batches`` of each stage
-        (connections, first calls) are left out. Means are taken per array, so a batch
-        dispatched but not answered when the records were read shifts only its own share.
-        ``request_s``: samples of the request path outside the router
-        (:func:`request_path`), when a client measured them."""
+        batch); per stage, one entry per answered batch, oldest first: its size, the
+        worker's model time and its round trip (the router's ``stage_batch``,
+        ``stage_service`` and ``stage_roundtrip``, recorded together when the result
+        arrives, so the same index is the same batch); the first ``warmup_batches`` of each
+        stage (connections, first calls) are left out. ``request_s``: samples of the
+        request path outside the router (:func:`request_path`), when a client measured
+        them. ``cpu_s``: per stage on a CPU class, the worker's CPU time of each of the
+        same batches (the router's ``stage_cpu``); a batch's model time is then
+        min(wall, CPU / the profile's cores), and its wall time where a worker reported
+        no CPU time (0). Stages not in ``cpu_s`` (accelerators) use the wall time."""
         stages: dict[str, StageCalibration] = {}
         hops: list[Samples] = []
         for name, (hardware, max_batch) in served.items():
-            sizes, service, roundtrip = (
+            sizes, service, roundtrip, cpu = (
                 np.asarray(records.get(name, ()), dtype=np.float64)[warmup_batches:]
-                for records in (batches, service_s, roundtrip_s)
+                for records in (batches, service_s, roundtrip_s, cpu_s or {})
             )
-            table = profile.stage(name, hardware).latency_table_s(max_batch)
+            stage = profile.stage(name, hardware)
+            table = stage.latency_table_s(max_batch)
             count = min(sizes.size, service.size)
+            sizes, wall = sizes[:count], service[:count]
+            model = wall
+            if name in (cpu_s or {}) and cpu.size >= count:
+                cpu = cpu[:count]
+                model = np.where(cpu > 0.0, np.minimum(wall, cpu / stage.cores), wall)
             if count:
                 expected = float(table[np.clip(sizes.astype(int), 1, max_batch)].mean())
-                in_situ = float(service.mean())
+                in_situ, in_situ_wall = float(model.mean()), float(wall.mean())
             else:
-                expected = in_situ = math.nan
+                expected = in_situ = in_situ_wall = math.nan
             stages[name] = StageCalibration(
                 hardware=hardware,
                 max_batch=max_batch,
@@ -159,6 +175,7 @@ class Calibration:
                 mean_batch=float(sizes.mean()) if sizes.size else math.nan,
                 service_mean_s=in_situ,
                 profile_mean_s=expected,
+                wall_mean_s=in_situ_wall,
             )
             paired = min(service.size, roundtrip.size)
             if paired:
@@ -206,9 +223,14 @@ class Calibration:
                     "not applied"
                 )
                 continue
+            wall = (
+                f" ({s.wall_mean_s * 1e3:.2f} ms wall)"
+                if math.isfinite(s.wall_mean_s) and s.wall_mean_s != s.service_mean_s
+                else ""
+            )
             lines.append(
                 f"  {name}: {s.batches} batches on {s.hardware} (mean {s.mean_batch:.1f} items), "
-                f"{s.service_mean_s * 1e3:.2f} ms per batch vs profiled "
+                f"{s.service_mean_s * 1e3:.2f} ms per batch{wall} vs profiled "
                 f"{s.profile_mean_s * 1e3:.2f} ms: +{s.extra_s * 1e3:.2f} ms per batch"
             )
         if self.hop_s:

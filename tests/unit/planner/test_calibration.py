@@ -66,6 +66,39 @@ def test_measure_reads_the_extra_time_per_batch_and_the_in_situ_hop() -> None:
     assert np.median(calibration.hop_s) == pytest.approx(0.0008)
 
 
+def test_on_a_cpu_class_the_extra_is_cpu_time_not_the_wait_for_a_core() -> None:
+    """Wall time = the profile + 1 ms of model slowdown + 3 ms waiting for a core; the CPU
+    time has only the first. With CPU times the extra is 1 ms (the estimator's processor
+    sharing adds the wait); without them, or where a worker reported none, 4 ms."""
+    rng = np.random.default_rng(2)
+    sizes = rng.choice([1, 2, 4], size=200).astype(np.float64)
+    profiled = np.array([LATENCY_S[int(k)] for k in sizes])
+    wall, cpu = profiled + 0.004, profiled + 0.001
+
+    def measure(cpu_s: dict[str, np.ndarray] | None, hardware: str = "cpu-1") -> float:
+        served = {"a": (hardware, 4)}
+        profile = _profile()
+        if hardware == "cpu-2":  # a two-thread class whose profile is the cpu-1 one
+            stage = profile.stage("a", "cpu-1")
+            two = StageProfile("cpu-2", stage.points, stage.idle, cores=2)
+            profile = PipelineProfile(stages={"a": {"cpu-1": stage, "cpu-2": two}})
+        calibration = Calibration.measure(
+            profile, served, {"a": sizes}, {"a": wall}, {"a": wall + 1e-4},
+            pipeline="p", duration_s=10.0, requests=200, cpu_s=cpu_s,
+        )  # fmt: skip
+        stage_calibration = calibration.stages["a"]
+        assert stage_calibration.wall_mean_s == pytest.approx(float(wall.mean()))
+        assert np.median(calibration.hop_s) == pytest.approx(1e-4)  # round trip less wall
+        return stage_calibration.extra_s
+
+    assert measure({"a": cpu}) == pytest.approx(0.001)
+    assert measure(None) == pytest.approx(0.004)  # an accelerator: wall time
+    assert measure({"a": np.zeros_like(cpu)}) == pytest.approx(0.004)  # not reported
+    # Two threads: CPU time over two cores, never more than the wall time.
+    assert measure({"a": 2 * cpu}, "cpu-2") == pytest.approx(0.001)
+    assert measure({"a": 4 * wall}, "cpu-2") == pytest.approx(0.004)
+
+
 def test_a_faster_stage_is_not_made_faster_than_its_profile() -> None:
     assert _measured(extra_s=-0.003, hop_s=0.0).stages["a"].extra_s == 0.0
 
