@@ -13,8 +13,7 @@ the router's own per-batch records of a real run:
   the class's thread count), not its wall time: what a batch waited for a core while
   others ran is what the estimator's processor sharing adds itself, and counting the
   wall time would add it twice;
-- the in-situ hop: each batch's round trip on the router less the worker's model time.
-
+- the in-situ hop: each batch's round trip on the router less the worker's wall time;
 - the request path outside the router, when the load came from a client that timed its
   own requests (``sloline calibrate``): the client's latencies less the router's, matched
   quantile by quantile (:func:`request_path`).
@@ -150,17 +149,18 @@ class Calibration:
         no CPU time (0). Stages not in ``cpu_s`` (accelerators) use the wall time."""
         stages: dict[str, StageCalibration] = {}
         hops: list[Samples] = []
+        cpus = cpu_s or {}
         for name, (hardware, max_batch) in served.items():
             sizes, service, roundtrip, cpu = (
                 np.asarray(records.get(name, ()), dtype=np.float64)[warmup_batches:]
-                for records in (batches, service_s, roundtrip_s, cpu_s or {})
+                for records in (batches, service_s, roundtrip_s, cpus)
             )
             stage = profile.stage(name, hardware)
             table = stage.latency_table_s(max_batch)
             count = min(sizes.size, service.size)
             sizes, wall = sizes[:count], service[:count]
             model = wall
-            if name in (cpu_s or {}) and cpu.size >= count:
+            if name in cpus and cpu.size >= count:
                 cpu = cpu[:count]
                 model = np.where(cpu > 0.0, np.minimum(wall, cpu / stage.cores), wall)
             if count:
