@@ -392,20 +392,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    import math
-
-    import numpy as np
-
-    from sloline.calibrate import measure_in_situ
     from sloline.embedded import check_models
     from sloline.planner.planner import InfeasibleError
-    from sloline.planner.profiler import ProfilerSettings, load_samples
     from sloline.planner.session import plan_pipeline, planning_trace
-    from sloline.serving import process
 
     loaded = load_pipeline(args.file)
     if not args.duration > 0.0:
         raise _flag_error("--duration", f"must be > 0 seconds, got {args.duration:g}")
+    if args.rounds < 1:
+        raise _flag_error("--rounds", f"must be at least 1, got {args.rounds}")
     out = Path(args.out or f"{loaded.name}.calibration.json")
     if not out.resolve().parent.is_dir():
         raise _flag_error("--out", f"{out}: no such directory")
@@ -415,45 +410,90 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise _flag_error("--duration", f"the planning trace has no arrival in {args.duration:g} s")
     check_models(loaded)
     session = _plan(args, loaded)
-    print(session.plan.to_table())
-    print(
-        f"serving this plan for {args.duration:g} s under its planning load "
-        f"({arrivals.size} requests, {arrivals.size / args.duration:.1f} rps) ...",
-        flush=True,
-    )
+    catalog = _catalog(args)
+    plan = session.plan
+    print(plan.to_table())
+    for round_ in range(1, args.rounds + 1):
+        counted = f" (round {round_} of {args.rounds})" if args.rounds > 1 else ""
+        print(
+            f"serving this plan for {args.duration:g} s under its planning load "
+            f"({arrivals.size} requests, {arrivals.size / args.duration:.1f} rps){counted} ...",
+            flush=True,
+        )
+        calibrated = _calibration_round(
+            loaded, catalog, session.profile, plan, trace, arrivals, out
+        )
+        print(
+            f"planning again with this calibration "
+            f"(`sloline plan {args.file} --calibration {out}`):"
+        )
+        try:
+            replanned = plan_pipeline(loaded, catalog, profile=calibrated).plan
+        except InfeasibleError as exc:  # the calibration is still what was measured
+            print(f"no plan meets the SLO with this calibration: {exc}")
+            return 0
+        print(replanned.to_table())
+        if replanned.config == plan.config:
+            if args.rounds > 1:
+                print("settled: the plan made with this calibration is the one it was measured on")
+            return 0
+        plan = replanned
+    if args.rounds > 1:
+        print(
+            f"not settled after {args.rounds} rounds: the last plan was made with a calibration "
+            "of another configuration and has not been served (more --rounds serve it)"
+        )
+    return 0
+
+
+def _calibration_round(
+    loaded: LoadedPipeline,
+    catalog: HardwareCatalog,
+    profile: PipelineProfile,
+    plan: Plan,
+    trace: np.ndarray,
+    arrivals: np.ndarray,
+    out: Path,
+) -> PipelineProfile:
+    """Serve ``plan`` on ``arrivals`` (`sloline calibrate`), write the calibration to
+    ``out``, print what was measured beside the estimates with and without it, and return
+    ``profile`` calibrated."""
+    import math
+
+    import numpy as np
+
+    from sloline.calibrate import measure_in_situ
+    from sloline.planner.profiler import ProfilerSettings, load_samples
+    from sloline.serving import process
+
     payloads = load_samples(loaded, ProfilerSettings().samples)
-    run = process.run(measure_in_situ(loaded, session.plan, session.profile, arrivals, payloads))
+    q = loaded.pipeline.spec.slo.percentile
+    run = process.run(measure_in_situ(loaded, plan, profile, arrivals, payloads))
     calibration = run.calibration
     calibration.save(out)
     print(f"{calibration.summary()}\ncalibration written to {out}")
-    calibrated = calibration.apply(session.profile)
-    q = loaded.pipeline.spec.slo.percentile
+    calibrated = calibration.apply(profile)
     measured = np.percentile(run.latencies_s, q) * 1e3 if run.latencies_s.size else math.nan
     errors = sum(run.errors.values())
     print(
         f"measured: P{q:g} {measured:.1f} ms, attainment {run.attainment:.2%} of {run.sent} "
         f"requests" + (f", {errors} errors: {run.errors}" if errors else "")
     )
-    catalog = _catalog(args)
     tails = [
-        _estimate_on(loaded, catalog, profile, session.plan, times).percentile_s(q) * 1e3
-        for profile, times in (
-            (session.profile, arrivals),
+        _estimate_on(loaded, catalog, p, plan, times).percentile_s(q) * 1e3
+        for p, times in (
+            (profile, arrivals),
             (calibrated, arrivals),
+            (profile, trace),
             (calibrated, trace),
         )
     ]
     print(
         f"estimated P{q:g} of this plan: on the same arrivals {tails[0]:.1f} ms from the "
         f"profile, {tails[1]:.1f} ms calibrated; on the whole planning trace "
-        f"{session.plan.tail_s * 1e3:.1f} and {tails[2]:.1f} ms"
+        f"{tails[2]:.1f} and {tails[3]:.1f} ms"
     )
-    print(f"planning again with this calibration (`sloline plan {args.file} --calibration {out}`):")
-    try:
-        print(plan_pipeline(loaded, catalog, profile=calibrated).plan.to_table())
-    except InfeasibleError as exc:  # the calibration is still what was measured
-        print(f"no plan meets the SLO with this calibration: {exc}")
-    return 0
+    return calibrated
 
 
 def _estimate_on(
@@ -749,6 +789,13 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("--out", "-o", help="calibration file (default: PIPELINE.calibration.json here)")
     p.add_argument(
         "--duration", type=float, default=20.0, help="seconds of the planning trace to serve (20)"
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="serve the plan made with each calibration again, until it stops changing or "
+        "this many plans were served (1)",
     )
     _add_profile_flags(p)
     p.set_defaults(func=cmd_calibrate)

@@ -70,6 +70,8 @@ def test_calibration_flags_are_checked_before_anything_is_profiled(tmp_path: Pat
     assert result.returncode == 2 and "--calibration-out: compares serving" in result.stderr
     result = sloline("calibrate", str(NOOP), "--duration", "0")
     assert result.returncode == 2 and "--duration: must be > 0 seconds" in result.stderr
+    result = sloline("calibrate", str(NOOP), "--rounds", "0")
+    assert result.returncode == 2 and "--rounds: must be at least 1, got 0" in result.stderr
     result = sloline("calibrate", str(NOOP), "-o", str(tmp_path / "no" / "c.json"))
     assert result.returncode == 2 and "--out:" in result.stderr
     assert "no such directory" in result.stderr

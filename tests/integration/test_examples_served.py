@@ -157,22 +157,32 @@ def test_digits_cascade_via_cli_with_tritonclient(
     assert "plan for digits-cascade" in planned.stdout
 
     # `sloline calibrate`: the plan served under its own planning load (100 rps here), the
-    # request path outside the router measured too; then the plan made again with it.
+    # request path outside the router measured too; then the plan made again with it, and
+    # served again while that changes it (at most two rounds).
     in_situ = subprocess.run(
         [sys.executable, "-m", "sloline", "calibrate",
          str(EXAMPLES / "digits-cascade" / "pipeline.yaml"),
          "--cache-dir", str(tmp_path / "profiles"),
-         "--duration", "4", "-o", str(tmp_path / "in-situ.json")],
-        capture_output=True, text=True, timeout=180, check=False,
+         "--duration", "4", "--rounds", "2", "-o", str(tmp_path / "in-situ.json")],
+        capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert in_situ.returncode == 0, in_situ.stdout + in_situ.stderr
+    # One round when the re-plan is the plan just served, else a second and a verdict.
+    served = in_situ.stdout.count("serving this plan for 4 s")
+    outcome = [line.split(":")[0] for line in in_situ.stdout.splitlines() if "settled" in line]
+    assert "(round 1 of 2)" in in_situ.stdout, in_situ.stdout
+    assert (served, outcome) in (
+        (1, ["settled"]),
+        (2, ["settled"]),
+        (2, ["not settled after 2 rounds"]),
+    ), in_situ.stdout
     measured = Calibration.load(tmp_path / "in-situ.json")
     assert 300 <= measured.requests <= 500, in_situ.stdout  # 4 s of ~100 rps
     assert measured.stages["fast"].batches >= MIN_BATCHES and measured.hop_s
     assert len(measured.request_s) == 1000 and min(measured.request_s) >= 0.0
     assert f"of {measured.requests} requests" in in_situ.stdout  # none lost
     assert "estimated P99 of this plan: on the same arrivals" in in_situ.stdout
-    assert in_situ.stdout.count("plan for digits-cascade") == 2
+    assert in_situ.stdout.count("plan for digits-cascade") == 1 + served
 
 
 def test_image_ensemble_1000_concurrent_requests_match_in_process() -> None:
