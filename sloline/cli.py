@@ -30,6 +30,7 @@ from sloline.spec import (
 if TYPE_CHECKING:
     import numpy as np
 
+    from sloline.calibrate import Arrays
     from sloline.planner.calibration import Calibration
     from sloline.planner.estimator import Estimate
     from sloline.planner.plan import Plan
@@ -394,6 +395,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from sloline.embedded import check_models
     from sloline.planner.planner import InfeasibleError
+    from sloline.planner.profiler import ProfilerSettings, load_samples
     from sloline.planner.session import plan_pipeline, planning_trace
 
     loaded = load_pipeline(args.file)
@@ -411,6 +413,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_models(loaded)
     session = _plan(args, loaded)
     catalog = _catalog(args)
+    payloads = load_samples(loaded, ProfilerSettings().samples)
     plan = session.plan
     print(plan.to_table())
     for round_ in range(1, args.rounds + 1):
@@ -421,7 +424,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             flush=True,
         )
         calibrated = _calibration_round(
-            loaded, catalog, session.profile, plan, trace, arrivals, out
+            loaded, catalog, session.profile, plan, trace, arrivals, payloads, out
         )
         print(
             f"planning again with this calibration "
@@ -453,20 +456,19 @@ def _calibration_round(
     plan: Plan,
     trace: np.ndarray,
     arrivals: np.ndarray,
+    payloads: list[Arrays],
     out: Path,
 ) -> PipelineProfile:
-    """Serve ``plan`` on ``arrivals`` (`sloline calibrate`), write the calibration to
-    ``out``, print what was measured beside the estimates with and without it, and return
-    ``profile`` calibrated."""
+    """Serve ``plan`` on ``arrivals`` with the sample ``payloads`` (`sloline calibrate`),
+    write the calibration to ``out``, print what was measured beside the estimates with
+    and without it, and return ``profile`` calibrated."""
     import math
 
     import numpy as np
 
     from sloline.calibrate import measure_in_situ
-    from sloline.planner.profiler import ProfilerSettings, load_samples
     from sloline.serving import process
 
-    payloads = load_samples(loaded, ProfilerSettings().samples)
     q = loaded.pipeline.spec.slo.percentile
     run = process.run(measure_in_situ(loaded, plan, profile, arrivals, payloads))
     calibration = run.calibration
