@@ -87,6 +87,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from sloline.model_server.worker import WorkerSettings
     from sloline.model_server.worker import main as worker_main
 
+    if not 0 <= args.nice <= 19:
+        raise _flag_error("--nice", f"must be 0-19 (a lower priority), got {args.nice}")
     return worker_main(
         WorkerSettings(
             pipeline_file=Path(args.pipeline),
@@ -98,6 +100,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             worker_id=args.worker_id,
             parent_pid=args.parent_pid,
             cpus=tuple(int(c) for c in args.cpus.split(",")) if args.cpus else (),
+            nice=args.nice,
             health_host=args.health_host,
             health_port=args.health_port,
             stop_timeout_s=args.stop_timeout_s,
@@ -741,6 +744,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("--worker-id", default="")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
     p.add_argument("--cpus", default="", help="CPU affinity, e.g. 0,1")
+    p.add_argument("--nice", type=int, default=0, help="lower the CPU priority by this much (0-19)")
     p.add_argument("--health-host", default="127.0.0.1", help="address of /live and /ready")
     p.add_argument(
         "--health-port", type=int, default=None, help="serve /live and /ready (default: off)"

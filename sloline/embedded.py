@@ -18,7 +18,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from sloline.backends.base import ReplicaStatus
-from sloline.backends.local import LocalBackend, StageLaunch
+from sloline.backends.local import WORKER_NICE, LocalBackend, StageLaunch
 from sloline.planner.plan import Plan
 from sloline.serving.app import RouterApp
 from sloline.serving.metrics import TunerMetrics
@@ -54,6 +54,7 @@ class EmbeddedSettings:
     hardware: Mapping[str, str] = field(default_factory=dict)
     log_dir: Path | None = None
     worker_grace_s: float = 10.0
+    worker_nice: int = WORKER_NICE  # workers' CPU priority below the router's
     tuner: bool = True  # run the InferLine tuner when a plan is given
     tuner_interval_s: float = 1.0
     tuner_overrides: Mapping[str, float] = field(default_factory=dict)  # TunerSettings fields
@@ -181,6 +182,7 @@ class EmbeddedPipeline:
             ],
             log_dir=log_dir,
             grace_s=self.settings.worker_grace_s,
+            worker_nice=self.settings.worker_nice,
         )
         await self.backend.start()
         if self.plan is not None and self.settings.tuner:

@@ -1,7 +1,12 @@
 """Local backend: stage replicas as worker processes on this machine (the embedded mode).
 
-Each replica is `python -m sloline worker ...` in its own session, so a Ctrl-C in the
-terminal reaches only the parent, which then drains and stops the workers in order. A
+Each replica is `python -m sloline worker ...` in its own process group, so a Ctrl-C in
+the terminal reaches only the parent, which then drains and stops the workers in order.
+Workers run at a lower CPU priority than the router (``nice`` +WORKER_NICE, in the
+router's session, so that the kernel's per-session autogroups do not undo it): every
+request crosses the router's single event loop several times, a batch only one worker,
+so when the cores are short the router should not wait behind a worker (measured in
+docs/planner.md, "Worker priority"). A
 worker whose parent dies gets SIGTERM from the kernel (the worker sets Linux
 `PR_SET_PDEATHSIG` itself, so no fork-time hook is needed), so no orphans survive a crash
 of `sloline run`. Crashed workers are restarted (with backoff if
@@ -26,6 +31,8 @@ from sloline.backends.base import ReplicaStatus
 from sloline.spec import HardwareClass
 
 log = logging.getLogger(__name__)
+
+WORKER_NICE = 10  # workers' nice value above the router's
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +75,12 @@ class LocalBackend:
         grace_s: float = 10.0,
         poll_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
+        worker_nice: int = WORKER_NICE,
     ) -> None:
+        if worker_nice < 0:
+            raise ValueError(f"worker_nice must be >= 0 (a lower priority), got {worker_nice}")
         self.pipeline_file = pipeline_file
+        self.worker_nice = worker_nice
         self.router_address = router_address
         self.log_dir = log_dir
         self.grace_s = grace_s
@@ -156,6 +167,8 @@ class LocalBackend:
         ]
         if hw.embedded.cuda_device is not None:
             cmd += ["--cuda-device", str(hw.embedded.cuda_device)]
+        if self.worker_nice:
+            cmd += ["--nice", str(self.worker_nice)]
         threads = str(hw.embedded.threads)
         env = {
             **os.environ,
@@ -168,7 +181,7 @@ class LocalBackend:
             cmd += ["--cpus", ",".join(map(str, hw.embedded.cpus))]
         with log_path.open("ab") as out:
             process = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, process_group=0
             )
         stage.replicas.append(_Replica(process, self.clock(), log_path))
 

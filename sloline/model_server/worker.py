@@ -53,6 +53,7 @@ class WorkerSettings:
     reconnect_max_s: float = 5.0
     parent_pid: int | None = None  # exit with this process (set by the local backend)
     cpus: tuple[int, ...] = ()  # CPU affinity of the hardware class, if any
+    nice: int = 0  # run this much below the priority it was started with
     health_host: str = "127.0.0.1"
     health_port: int | None = None  # serve /live and /ready here (Kubernetes probes)
     stop_timeout_s: float = 25.0  # after SIGTERM, give up on a silent router (grace 30 s)
@@ -204,6 +205,7 @@ def _exit_now(_signum: int, _frame: object) -> None:
 def main(settings: WorkerSettings) -> int:
     """Entry point of `sloline worker`: load, warm up, serve; return the exit code."""
     _die_with_parent(settings.parent_pid)
+    process.lower_priority(settings.nice)
     signal.signal(signal.SIGTERM, _exit_now)
     if settings.cpus:
         os.sched_setaffinity(0, settings.cpus)

@@ -464,6 +464,7 @@ def _shared_inputs(
         worker_cpu_s=overhead.worker_batch_cpu_s,
         client_cpu_s=workload.client_cpu_s,
         cores=float(overhead.cores or 0),
+        worker_weight=overhead.worker_weight,
     )
 
 

@@ -63,7 +63,9 @@ class ServingOverhead:
       gRPC stack and loopback, both ways), measured with a client on the same machine;
     - ``client_cpu_s``: that measuring client's CPU per request (part of ``request_s``);
     - ``cores``: the cores the router and every worker share (the embedded mode's machine),
-      or None where each has its own (Kubernetes pods with CPU requests).
+      or None where each has its own (Kubernetes pods with CPU requests);
+    - ``worker_nice``: how far below the router's the workers' CPU priority is (the local
+      backend's ``nice``), which sets their share of those cores: ``worker_weight``.
     """
 
     router_request_cpu_s: float
@@ -74,6 +76,7 @@ class ServingOverhead:
     request_s: tuple[float, ...]
     client_cpu_s: float = 0.0
     cores: int | None = None
+    worker_nice: int = 0
 
     def __post_init__(self) -> None:
         _cpu(self.router_request_cpu_s, "router CPU per request")
@@ -85,6 +88,15 @@ class ServingOverhead:
         object.__setattr__(self, "request_s", _samples(self.request_s, "request time"))
         if self.cores is not None and self.cores < 1:
             raise ValueError(f"shared cores must be >= 1 (or None), got {self.cores}")
+        if not 0 <= self.worker_nice <= 19:
+            raise ValueError(f"worker nice must be 0-19, got {self.worker_nice}")
+
+    @property
+    def worker_weight(self) -> float:
+        """A worker thread's scheduling weight, the router's being 1: Linux's fair
+        scheduler weighs each nice step 1.25x (``sched_prio_to_weight``: nice 10 is 110
+        against nice 0's 1024)."""
+        return float(1.25**-self.worker_nice)
 
     def router_visit_cpu_s(self, batch: int = 1) -> float:
         """Router CPU of one stage visit in a batch of ``batch``, per item."""
@@ -125,6 +137,8 @@ class ServingOverhead:
         }
         if self.cores is not None:
             out["cores"] = self.cores
+        if self.worker_nice:
+            out["workerNice"] = self.worker_nice
         return out
 
     @classmethod
@@ -139,4 +153,5 @@ class ServingOverhead:
             request_s=tuple(float(v) for v in data["requestSeconds"]),
             client_cpu_s=float(data.get("clientCpuSeconds", 0.0)),
             cores=int(cores) if cores is not None else None,
+            worker_nice=int(data.get("workerNice", 0)),
         )

@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from sloline.backends.local import WORKER_NICE
 from sloline.planner.overhead import ServingOverhead
 
 __all__ = ["hold", "identity", "measure_overhead"]
@@ -296,4 +297,5 @@ def measure_overhead(
         request_s=tuple(np.maximum(request, 0.0).tolist()),
         client_cpu_s=one.client_cpu_s,
         cores=cores,
+        worker_nice=WORKER_NICE,  # the local backend's, which served the probe pipelines
     )

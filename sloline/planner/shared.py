@@ -15,11 +15,13 @@ the whole pipeline at once (InferLine §4.2's discrete-event simulation, extende
   between: the dispatch job, half the hop, the worker's CPU (model time of the batch from
   the profile, plus the idle penalty for the time the worker sat idle, plus its per-batch
   CPU), the other half of the hop, the result job.
-- **cores are shared by processor sharing.** With ``cores`` set, the router (one core
-  while it has work), every worker serving a batch (its profile's cores) and an optional
-  co-located client (one core while it has work) share that many cores: when they ask
-  for more than there are, each progresses at cores / demand of its full speed — what
-  Linux's fair scheduler gives runnable threads of equal weight.
+- **cores are shared by weighted processor sharing.** With ``cores`` set, the router (one
+  core while it has work), every worker serving a batch (its profile's cores) and an
+  optional co-located client (one core while it has work) share that many cores: when
+  they ask for more than there are, each thread gets cores in proportion to its weight
+  (Linux's fair scheduler), workers ``worker_weight`` (their lower priority, 1: equal),
+  the router and the client 1, and none more than a full core. With equal weights each
+  progresses at cores / demand of its full speed.
 - **requests travel** the measured request-path time outside the router, half before and
   half after; a co-located single-threaded client (the benchmark's load generator) is a
   FIFO server too, spending half its CPU per request sending and half receiving.
@@ -58,7 +60,7 @@ _PHASE, _LO, _K, _BATCH, _STAGE = range(5)
 _T_DISP, _T_END, _VEND, _LAST_END = range(4)
 # Slots of the scalar integer state ``ist`` and float state ``fst``.
 _RJ_HEAD, _RJ_LEN, _CJ_HEAD, _CJ_LEN, _HEAP_LEN, _SEQ = range(6)
-_VNOW, _RVEND, _CVEND, _BATCH_CPU, _ITEM_CPU, _REQ_CPU = range(6)
+_VNOW, _RVEND, _CVEND, _BATCH_CPU, _ITEM_CPU, _REQ_CPU, _WNOW = range(7)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -75,7 +77,8 @@ class SharedInputs:
     - ``requests[q]``: query q's request path outside the router (and the client's CPU);
     - ``router_cpu_s``: per request, per batch, per item; ``worker_cpu_s`` per batch;
     - ``client_cpu_s``: CPU per request of a co-located client (0: none);
-    - ``cores``: cores shared by all of them (0: not shared).
+    - ``cores``: cores shared by all of them (0: not shared); ``worker_weight``: a worker
+      thread's scheduling weight, the router's and the client's being 1.
     """
 
     arrivals_s: FloatArray
@@ -98,6 +101,7 @@ class SharedInputs:
     worker_cpu_s: float
     client_cpu_s: float
     cores: float
+    worker_weight: float = 1.0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -302,6 +306,7 @@ _SIGNATURE = numba.float64(
     numba.float64,  # worker CPU per batch
     numba.float64,  # client CPU per request
     numba.float64,  # shared cores (0: not shared)
+    numba.float64,  # a worker thread's scheduling weight (router and client: 1)
     numba.float64[::1],  # out: answered
     numba.int64[:, ::1],  # out: per stage visits, batches
     numba.float64[::1],  # out: per stage busy
@@ -331,6 +336,7 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
     worker_cpu: float,
     client_cpu: float,
     cores: float,
+    worker_weight: float,
     answered: FloatArray,
     counts: IntArray,
     busy: FloatArray,
@@ -370,20 +376,22 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
     heap_k = np.zeros(n + 1, dtype=np.int64)
     heap_q = np.zeros(n + 1, dtype=np.int64)
     ist = np.zeros(6, dtype=np.int64)
-    fst = np.zeros(6, dtype=np.float64)
+    fst = np.zeros(7, dtype=np.float64)
     fst[_BATCH_CPU], fst[_ITEM_CPU], fst[_REQ_CPU] = router_cpu[1], router_cpu[2], router_cpu[0]
     half_client = 0.5 * client_cpu
     router_busy = 0.0
     next_arr = 0
     now = enter_t[0] if n else 0.0
     while True:
-        # Processor sharing: every CPU job progresses at the same rate, so each keeps its
-        # end in virtual time (CPU seconds at full speed, ``fst[_VNOW]`` now).
-        demand = 0.0
+        # Weighted processor sharing: the router and the client progress at one rate, the
+        # workers at another, so each job keeps its end in its side's virtual time (CPU
+        # seconds at full speed: ``fst[_VNOW]`` for router and client, ``fst[_WNOW]``).
+        front = 0.0
         if ist[_RJ_LEN] > 0:
-            demand += 1.0
+            front += 1.0
         if ist[_CJ_LEN] > 0:
-            demand += 1.0
+            front += 1.0
+        demand = 0.0
         # Replicas whose events tie go by stage, then by their batch's first query, so
         # that items released at one instant reach the next stages in query order.
         t_hop, r_hop, k_hop = np.inf, -1, 0
@@ -405,8 +413,14 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
                     k = m * n + qbuf[m, rep[r, _LO]]
                     if t < t_hop or k < k_hop:
                         t_hop, r_hop, k_hop = t, r, k
-        rate = 1.0 if cores <= 0.0 or demand <= cores else cores / demand
-        vnow = fst[_VNOW]
+        rate, wrate = 1.0, 1.0
+        if cores > 0.0 and front + demand > cores:
+            share = cores / (front + worker_weight * demand)  # per unit of weight
+            if share >= 1.0:  # router and client at full speed, workers share the rest
+                wrate = (cores - front) / demand
+            else:
+                rate, wrate = share, share * worker_weight
+        vnow, wnow = fst[_VNOW], fst[_WNOW]
         # The next event; ties go arrivals, timed events, router, client, replicas.
         best = np.inf
         what = -1
@@ -424,7 +438,7 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
             if t < best:
                 best, what = t, 3
         if r_cpu >= 0:
-            t = now + max(0.0, v_cpu - vnow) / rate
+            t = now + max(0.0, v_cpu - wnow) / wrate
             if t < t_hop or (t == t_hop and k_cpu < k_hop):
                 t_hop, r_hop, k_hop = t, r_cpu, k_cpu
         if r_hop >= 0 and t_hop < best:
@@ -434,6 +448,7 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
             break
         if best > now:
             fst[_VNOW] = vnow + (best - now) * rate
+            fst[_WNOW] = wnow + (best - now) * wrate
             if ist[_RJ_LEN] > 0:
                 router_busy += best - now
             now = best
@@ -478,7 +493,7 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
                         break
                 b = rep[r, _BATCH]
                 service = tables[m, rep[r, _K], cols[m, b]] * scales[m, b]
-                repf[r, _VEND] = fst[_VNOW] + service + extra + worker_cpu
+                repf[r, _VEND] = fst[_WNOW] + service + extra + worker_cpu
                 rep[r, _PHASE] = _SERVING
             else:
                 rep[r, _PHASE] = _WAIT_RESULT
@@ -573,6 +588,7 @@ def simulate_shared(inputs: SharedInputs) -> SharedRun:
         float(inputs.worker_cpu_s),
         float(inputs.client_cpu_s),
         float(inputs.cores),
+        float(inputs.worker_weight),
         answered,
         counts,
         busy,

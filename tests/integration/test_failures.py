@@ -71,6 +71,24 @@ def test_bad_input_is_4xx_naming_the_problem(noop: BackgroundPipeline) -> None:
     assert code == 200 and payload["outputs"][0]["data"] == [1.0, 2.0]
 
 
+def test_workers_run_below_the_routers_priority(noop: BackgroundPipeline) -> None:
+    """Every thread of every worker is niced WORKER_NICE above the router, in the
+    router's session (a per-session autogroup would undo the nice) and its own process
+    group (a Ctrl-C in the terminal reaches only the router)."""
+    from sloline.backends.local import WORKER_NICE
+
+    router_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    for stage in ("s1", "s2", "s3"):
+        for pid in noop.p.backend.pids(stage):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                nice = int(
+                    Path(f"/proc/{pid}/task/{tid}/stat").read_text().split(")")[1].split()[16]
+                )
+                assert nice == min(19, router_nice + WORKER_NICE), (stage, tid)
+            assert os.getsid(pid) == os.getsid(0)
+            assert os.getpgid(pid) == pid
+
+
 def test_oversize_body_is_413_and_server_keeps_serving(tmp_path: Path) -> None:
     with BackgroundPipeline(NOOP, max_body_bytes=100_000) as served:
         url = f"http://{served.http_url}/v2/models/noop/infer"

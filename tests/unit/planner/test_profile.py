@@ -110,6 +110,7 @@ overheads = st.builds(
     st.lists(st.floats(0.0, 0.01), min_size=1, max_size=5).map(tuple),
     st.floats(0.0, 0.01),
     st.none() | st.integers(1, 64),
+    st.integers(0, 19),
 )
 
 
@@ -177,6 +178,11 @@ def test_serving_overhead_summaries_and_validation() -> None:
         ServingOverhead(-1.0, 0.0, 0.0, 0.0, (1e-3,), (1e-3,))
     with pytest.raises(ValueError, match="shared cores"):
         ServingOverhead(0.0, 0.0, 0.0, 0.0, (1e-3,), (1e-3,), cores=0)
+    with pytest.raises(ValueError, match="worker nice must be 0-19"):
+        ServingOverhead(0.0, 0.0, 0.0, 0.0, (1e-3,), (1e-3,), worker_nice=-1)
+    assert overhead.worker_weight == 1.0
+    niced = ServingOverhead(0.0, 0.0, 0.0, 0.0, (1e-3,), (1e-3,), worker_nice=10)
+    assert niced.worker_weight == pytest.approx(110 / 1024, rel=0.01)  # the kernel's table
 
 
 def test_scale_factors_come_from_the_visit_matrix() -> None:

@@ -26,9 +26,18 @@ def _overhead(
     request: float = 0.0,
     cores: int | None = None,
     client_cpu: float = 0.0,
+    worker_nice: int = 0,
 ) -> ServingOverhead:
     return ServingOverhead(
-        request_cpu, batch_cpu, item_cpu, worker_cpu, (hop,), (request,), client_cpu, cores
+        request_cpu,
+        batch_cpu,
+        item_cpu,
+        worker_cpu,
+        (hop,),
+        (request,),
+        client_cpu,
+        cores,
+        worker_nice,
     )
 
 
@@ -99,6 +108,30 @@ def test_shared_cores_slow_everyone_down_equally() -> None:
     workload = Workload.build(topology, profile, [0.0, 0.0, 0.0])
     result = estimate(topology, profile, [StageConfig("hw", 1, 3)], workload)
     np.testing.assert_allclose(result.latencies_s, [1.5, 1.5, 1.5], atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("worker_nice", "expected"), [(0, [1.8, 1.8, 1.8]), (4, [1.75, 1.85, 1.75])]
+)
+def test_workers_at_a_lower_priority_leave_the_router_its_core(
+    worker_nice: int, expected: list[float]
+) -> None:
+    """Two cores, three replicas serving 1 s, router CPU 0.2 in and 0.2 out per request,
+    queries at 0, .3 and .6. q0 and q1 come in and are dispatched at .2 and .5 with a core
+    to spare; q2 comes in while two workers serve, and q0 goes out while two serve.
+
+    - Equal weights: those two router jobs run at 2/3 speed, [.6, .9] and [1.5, 1.8]; A
+      ends at 1.5, B at 1.9, C at 2.2: answers at 1.8, 2.1, 2.4 (latency 1.8 each).
+    - Workers at nice 4 (weight 1.25^-4 = 0.41, so 2 / (1 + 2 x 0.41) >= 1): the router
+      keeps a full core, [.6, .8] and [1.55, 1.75], and the two workers share the other;
+      A ends at 1.55 (0.5 done at .8, then 2/3 speed), B at 1.95, C at 2.15: answers at
+      1.75, 2.15, 2.35."""
+    topology, profile = _one_stage(
+        1.0, _overhead(request_cpu=0.4, cores=2, worker_nice=worker_nice)
+    )
+    workload = Workload.build(topology, profile, [0.0, 0.3, 0.6])
+    result = estimate(topology, profile, [StageConfig("hw", 1, 3)], workload)
+    np.testing.assert_allclose(result.latencies_s, expected, atol=1e-9)
 
 
 def _erlang_c_wait(servers: int, load: float) -> float:
