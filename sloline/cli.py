@@ -13,10 +13,12 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sloline import __version__
+from sloline.backends.local import WORKER_NICE
 from sloline.spec import (
     DEFAULT_CATALOG,
     HardwareCatalog,
@@ -125,7 +127,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         hardware=_assignments(args.hardware, "--hardware", str),  # type: ignore[arg-type]
         log_dir=Path(args.log_dir) if args.log_dir else None,
         tuner=not args.no_tuner,
+        worker_nice=args.worker_nice,
     )
+    if not 0 <= args.worker_nice <= 19:
+        raise _flag_error("--worker-nice", f"must be 0-19, got {args.worker_nice}")
     stage_configs(loaded, settings)  # reject bad flags before spending time on profiling
     if args.calibration_out and args.no_plan:
         raise _flag_error("--calibration-out", "compares serving with the profile: drop --no-plan")
@@ -136,6 +141,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.no_plan:
         check_models(loaded)
         profile = _profile(args, loaded)
+        if profile.overhead is not None:  # plan for the workers' priority they will run at
+            overhead = replace(profile.overhead, worker_nice=args.worker_nice)
+            profile = replace(profile, overhead=overhead)
         plan = _plan(args, loaded, profile, calibration).plan
         print(plan.to_table())
     configs = stage_configs(loaded, settings, plan)
@@ -724,6 +732,12 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
         help="skip profiling/planning: flags, spec overrides or 1 replica, batch 1",
     )
     p.add_argument("--no-tuner", action="store_true", help="keep the planned replica counts")
+    p.add_argument(
+        "--worker-nice",
+        type=int,
+        default=WORKER_NICE,
+        help=f"workers' CPU priority below the router's, 0-19 (default {WORKER_NICE})",
+    )
     p.add_argument(
         "--calibration-out",
         metavar="FILE",

@@ -17,11 +17,13 @@ the whole pipeline at once (InferLine §4.2's discrete-event simulation, extende
   CPU), the other half of the hop, the result job.
 - **cores are shared by weighted processor sharing.** With ``cores`` set, the router (one
   core while it has work), every worker serving a batch (its profile's cores) and an
-  optional co-located client (one core while it has work) share that many cores: when
-  they ask for more than there are, each thread gets cores in proportion to its weight
-  (Linux's fair scheduler), workers ``worker_weight`` (their lower priority, 1: equal),
-  the router and the client 1, and none more than a full core. With equal weights each
-  progresses at cores / demand of its full speed.
+  optional co-located client (one core while it has work) share that many cores, as
+  Linux's fair scheduler shares them with autogroups: the client is a session of its
+  own, and it and the pipeline's session get equal parts, either taking what the other
+  leaves; within the pipeline's part each thread gets cores in proportion to its weight,
+  the router 1 and a worker ``worker_weight`` (its lower priority; 1: equal), none more
+  than a full core. With equal weights and no client, each progresses at cores / demand
+  of its full speed.
 - **requests travel** the measured request-path time outside the router, half before and
   half after; a co-located single-threaded client (the benchmark's load generator) is a
   FIFO server too, spending half its CPU per request sending and half receiving.
@@ -60,7 +62,7 @@ _PHASE, _LO, _K, _BATCH, _STAGE = range(5)
 _T_DISP, _T_END, _VEND, _LAST_END = range(4)
 # Slots of the scalar integer state ``ist`` and float state ``fst``.
 _RJ_HEAD, _RJ_LEN, _CJ_HEAD, _CJ_LEN, _HEAP_LEN, _SEQ = range(6)
-_VNOW, _RVEND, _CVEND, _BATCH_CPU, _ITEM_CPU, _REQ_CPU, _WNOW = range(7)
+_VNOW, _RVEND, _CVEND, _BATCH_CPU, _ITEM_CPU, _REQ_CPU, _WNOW, _CNOW = range(8)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -190,7 +192,7 @@ def _client_add(
     pos = (ist[_CJ_HEAD] + ist[_CJ_LEN]) % cap
     cj_kind[pos], cj_ref[pos] = kind, ref
     if ist[_CJ_LEN] == 0:
-        fst[_CVEND] = fst[_VNOW] + cost
+        fst[_CVEND] = fst[_CNOW] + cost
     ist[_CJ_LEN] += 1
 
 
@@ -376,21 +378,18 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
     heap_k = np.zeros(n + 1, dtype=np.int64)
     heap_q = np.zeros(n + 1, dtype=np.int64)
     ist = np.zeros(6, dtype=np.int64)
-    fst = np.zeros(7, dtype=np.float64)
+    fst = np.zeros(8, dtype=np.float64)
     fst[_BATCH_CPU], fst[_ITEM_CPU], fst[_REQ_CPU] = router_cpu[1], router_cpu[2], router_cpu[0]
     half_client = 0.5 * client_cpu
     router_busy = 0.0
     next_arr = 0
     now = enter_t[0] if n else 0.0
     while True:
-        # Weighted processor sharing: the router and the client progress at one rate, the
-        # workers at another, so each job keeps its end in its side's virtual time (CPU
-        # seconds at full speed: ``fst[_VNOW]`` for router and client, ``fst[_WNOW]``).
-        front = 0.0
-        if ist[_RJ_LEN] > 0:
-            front += 1.0
-        if ist[_CJ_LEN] > 0:
-            front += 1.0
+        # Weighted processor sharing: the router, the client and the workers each progress
+        # at a rate of their own, so each job keeps its end in its side's virtual time (CPU
+        # seconds at full speed: ``fst[_VNOW]``, ``fst[_CNOW]``, ``fst[_WNOW]``).
+        router = 1.0 if ist[_RJ_LEN] > 0 else 0.0
+        client = 1.0 if ist[_CJ_LEN] > 0 else 0.0
         demand = 0.0
         # Replicas whose events tie go by stage, then by their batch's first query, so
         # that items released at one instant reach the next stages in query order.
@@ -413,14 +412,22 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
                     k = m * n + qbuf[m, rep[r, _LO]]
                     if t < t_hop or k < k_hop:
                         t_hop, r_hop, k_hop = t, r, k
-        rate, wrate = 1.0, 1.0
-        if cores > 0.0 and front + demand > cores:
-            share = cores / (front + worker_weight * demand)  # per unit of weight
-            if share >= 1.0:  # router and client at full speed, workers share the rest
-                wrate = (cores - front) / demand
-            else:
-                rate, wrate = share, share * worker_weight
-        vnow, wnow = fst[_VNOW], fst[_WNOW]
+        rate, crate, wrate = 1.0, 1.0, 1.0
+        if cores > 0.0 and router + client + demand > cores:
+            # The client (another session) and the pipeline split the cores equally, each
+            # taking what the other leaves; the pipeline's part goes to the router (weight
+            # 1) and the worker threads (``worker_weight``), none above a full core.
+            own = cores
+            if client > 0.0:
+                crate = min(1.0, max(0.5 * cores, cores - router - demand))
+                own = cores - crate
+            if router + demand > own:
+                share = own / (router + worker_weight * demand)  # per unit of weight
+                if share >= 1.0:  # the router at full speed, the workers share the rest
+                    wrate = (own - router) / demand
+                else:
+                    rate, wrate = share, share * worker_weight
+        vnow, cnow, wnow = fst[_VNOW], fst[_CNOW], fst[_WNOW]
         # The next event; ties go arrivals, timed events, router, client, replicas.
         best = np.inf
         what = -1
@@ -434,7 +441,7 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
             if t < best:
                 best, what = t, 2
         if ist[_CJ_LEN] > 0:
-            t = now + max(0.0, fst[_CVEND] - vnow) / rate
+            t = now + max(0.0, fst[_CVEND] - cnow) / crate
             if t < best:
                 best, what = t, 3
         if r_cpu >= 0:
@@ -448,6 +455,7 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
             break
         if best > now:
             fst[_VNOW] = vnow + (best - now) * rate
+            fst[_CNOW] = cnow + (best - now) * crate
             fst[_WNOW] = wnow + (best - now) * wrate
             if ist[_RJ_LEN] > 0:
                 router_busy += best - now
@@ -472,7 +480,7 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
             kind, q = cj_kind[head], cj_ref[head]
             ist[_CJ_HEAD] = (head + 1) % cj_kind.shape[0]
             ist[_CJ_LEN] -= 1
-            fst[_CVEND] = fst[_VNOW] + half_client
+            fst[_CVEND] = fst[_CNOW] + half_client
             if kind == _SEND:
                 at = now + 0.5 * requests[q]
                 _heap_push(heap_t, heap_s, heap_k, heap_q, ist, at, _REACH_ROUTER, q)

@@ -50,6 +50,8 @@ def test_run_rejects_bad_flags_with_exit_2() -> None:
     assert result.returncode == 2 and "--replicas: no stage named 'ghost'" in result.stderr
     result = sloline("run", str(NOOP), "--max-batch", "s1=zero")
     assert result.returncode == 2 and "not a valid int" in result.stderr
+    result = sloline("run", str(NOOP), "--worker-nice", "-1")
+    assert result.returncode == 2 and "--worker-nice: must be 0-19, got -1" in result.stderr
 
 
 def test_calibration_flags_are_checked_before_anything_is_profiled(tmp_path: Path) -> None:

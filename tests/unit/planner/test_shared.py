@@ -134,6 +134,24 @@ def test_workers_at_a_lower_priority_leave_the_router_its_core(
     np.testing.assert_allclose(result.latencies_s, expected, atol=1e-9)
 
 
+def test_a_co_located_client_is_a_session_of_its_own() -> None:
+    """One core, client CPU 0.2 + 0.2 and router CPU 0.2 + 0.2 per request, two replicas
+    serving 1 s, three queries at 0. The client and the pipeline split the core; within
+    the pipeline the router and the workers split their half.
+
+    q0's send [0, .2]; q1's send and q0's arrival at the router share the core [.2, .6].
+    From .6 the client (q2's send, to 1.0) takes half, the router (q1's arrival) and A
+    (q0) a quarter each; then the router and A halves [1, 1.2], q2's arrival [1.2, 1.6]
+    beside A, B takes q1 at 1.6, A and B halves to 2.8 (A done). q0's answer [2.8, 3.4]
+    at a third (beside A on q2 and B), the client receives it [3.4, 3.8] at a half: 3.8.
+    B ends at 4.0, q1's answer [4.0, 4.4], received [4.4, 4.8]: 4.8. A ends at 5.0, q2's
+    answer [5.0, 5.2], received [5.2, 5.4]: 5.4."""
+    topology, profile = _one_stage(1.0, _overhead(request_cpu=0.4, cores=1))
+    workload = Workload.build(topology, profile, [0.0, 0.0, 0.0], client_cpu_s=0.4)
+    result = estimate(topology, profile, [StageConfig("hw", 1, 2)], workload)
+    np.testing.assert_allclose(result.latencies_s, [3.8, 4.8, 5.4], atol=1e-9)
+
+
 def _erlang_c_wait(servers: int, load: float) -> float:
     """Erlang C: mean waiting time in units of the mean service time, offered load a."""
     rho = load / servers
