@@ -44,6 +44,7 @@ the client, the workers and everything else on the machine.
                                             [--quiet-timeout-s S]
                                             [--budget-s S]
     python benchmarks/estimator_accuracy.py --client-diagnostic RESULTS.json
+    python benchmarks/estimator_accuracy.py --re-estimate RESULTS.json
 
 Prints markdown tables and writes benchmarks/results/estimator_accuracy.json (``--quick``:
 one 8 s cell per example, to estimator_accuracy.quick.raw.json, which git ignores).
@@ -81,6 +82,7 @@ from sloline.serving.process import ChildProcess
 # first imported, below) and glibc's malloc thresholds; uvloop and gc.freeze() follow.
 process.use_grpc_iomgr()
 
+from sloline.backends.local import WORKER_NICE  # noqa: E402
 from sloline.calibrate import DRAIN_S, measure_served  # noqa: E402
 from sloline.calibrate import replay as replay_arrivals  # noqa: E402
 from sloline.embedded import EmbeddedPipeline, EmbeddedSettings  # noqa: E402
@@ -104,6 +106,7 @@ from sloline.planner.profiler import (  # noqa: E402
     load_samples,
 )
 from sloline.planner.session import PlanningSession, plan_pipeline, planning_trace  # noqa: E402
+from sloline.planner.topology import Topology  # noqa: E402
 from sloline.planner.trace import gamma_arrivals  # noqa: E402
 from sloline.serving.memory import tune_malloc  # noqa: E402
 from sloline.serving.server import ServerSettings  # noqa: E402
@@ -239,8 +242,16 @@ class Served:
     """An EmbeddedPipeline on its own event loop in a background thread (as the tests do);
     the main thread only waits on the load generator meanwhile."""
 
-    def __init__(self, loaded: LoadedPipeline, configs: dict[str, ServedConfig]) -> None:
-        settings = EmbeddedSettings(server=ServerSettings(http_port=0, grpc_port=0), tuner=False)
+    def __init__(
+        self,
+        loaded: LoadedPipeline,
+        configs: dict[str, ServedConfig],
+        *,
+        worker_nice: int = WORKER_NICE,
+    ) -> None:
+        settings = EmbeddedSettings(
+            server=ServerSettings(http_port=0, grpc_port=0), tuner=False, worker_nice=worker_nice
+        )
         self.loop = uvloop.new_event_loop()  # as `sloline run` (serving.process.run)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -506,23 +517,49 @@ class Example:
     def stages(self) -> tuple[str, ...]:
         return self.session.problem.topology.stages
 
-    def estimate(
-        self,
-        arrivals_s: np.ndarray,
-        mode: ServiceMode,
-        profile: PipelineProfile | None = None,
-        *,
-        client_cpu_s: float = 0.0,
-    ) -> tuple[Estimate, float]:
-        """The estimator on ``arrivals_s`` (visits from the profile's visit matrix; the
-        load generator as a co-located client using ``client_cpu_s`` per request), and
-        its wall time including building the workload."""
-        profile = profile or self.session.profile
-        topology = self.session.problem.topology
+    @property
+    def topology(self) -> Topology:
+        return self.session.problem.topology
+
+
+def estimate_cell(
+    topology: Topology,
+    config: Sequence[StageConfig],
+    profiles: dict[str, tuple[ServiceMode, PipelineProfile]],
+    arrivals_s: np.ndarray,
+    client_cpu_s: float,
+    slo_s: float,
+    duration_s: float,
+) -> tuple[dict[str, dict[str, float]], dict[str, Estimate]]:
+    """The estimator on ``arrivals_s`` once per entry of ``profiles`` (key -> service
+    mode, profile; visits from the profile's visit matrix; the load generator as a
+    co-located client using ``client_cpu_s`` per request): per key its summary and its
+    run. ``time_ms`` is the wall time including building the workload."""
+    summaries, results = {}, {}
+    for key, (mode, profile) in profiles.items():
         start = time.perf_counter()
         workload = Workload.build(topology, profile, arrivals_s, client_cpu_s=client_cpu_s)
-        result = estimate(topology, profile, self.config, workload, service=mode, seed=0)
-        return result, time.perf_counter() - start
+        result = estimate(topology, profile, config, workload, service=mode, seed=0)
+        elapsed_s = time.perf_counter() - start
+        results[key] = result
+        summaries[key] = {
+            "p50_ms": result.percentile_s(50.0) * 1e3,
+            "p99_ms": result.percentile_s(99.0) * 1e3,
+            "attainment": result.attainment(slo_s),
+            "router_cores": result.router_busy_s / (duration_s or 1.0),
+            "time_ms": elapsed_s * 1e3,
+        }
+    return summaries, results
+
+
+def estimate_profiles(
+    profile: PipelineProfile, calibrated: PipelineProfile
+) -> dict[str, tuple[ServiceMode, PipelineProfile]]:
+    """The benchmark's three estimates: the profile in each service mode, and the
+    calibrated profile with service ``p50``."""
+    runs: dict[str, tuple[ServiceMode, PipelineProfile]] = {m: (m, profile) for m in SERVICE_MODES}
+    runs[CALIBRATED] = ("p50", calibrated)
+    return runs
 
 
 def prepare(name: str, settings: ProfilerSettings) -> Example:
@@ -640,21 +677,15 @@ def run_cell(
     calibrated: PipelineProfile,
 ) -> dict[str, Any]:
     arrivals = gamma_arrivals(rate_rps, duration_s, cv2=cv2, seed=seed)
-    estimates, results = {}, {}
-    runs: list[tuple[str, ServiceMode, PipelineProfile]] = [
-        (mode, mode, example.session.profile) for mode in SERVICE_MODES
-    ]
-    runs.append((CALIBRATED, "p50", calibrated))
-    for key, mode, profile in runs:
-        result, elapsed_s = example.estimate(arrivals, mode, profile, client_cpu_s=client_cpu_s)
-        results[key] = result
-        estimates[key] = {
-            "p50_ms": result.percentile_s(50.0) * 1e3,
-            "p99_ms": result.percentile_s(99.0) * 1e3,
-            "attainment": result.attainment(example.slo_s),
-            "router_cores": result.router_busy_s / (duration_s or 1.0),
-            "time_ms": elapsed_s * 1e3,
-        }
+    estimates, results = estimate_cell(
+        example.topology,
+        example.config,
+        estimate_profiles(example.session.profile, calibrated),
+        arrivals,
+        client_cpu_s,
+        example.slo_s,
+        duration_s,
+    )
 
     procs = served.processes(gen.pid)
     cpu0, machine0, load0 = _cpu_s(procs), psutil.cpu_times(), os.getloadavg()
@@ -1063,17 +1094,9 @@ def client_diagnostic(path: Path) -> None:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     for name, result in report["examples"].items():
-        loaded = load_pipeline(PIPELINES[name])
-        profile = PipelineProfile.from_dict(result["profile"])
-        trace = planning_trace(loaded)
-        topology = PlanningProblem.from_graph(
-            loaded.graph, profile, DEFAULT_CATALOG, trace
-        ).topology
-        config = [StageConfig(*result["config"][stage]) for stage in topology.stages]
+        topology, config, profile = _stored(name, result)
         for cell in result["cells"]:
-            arrivals = gamma_arrivals(
-                cell["rate_rps"], cell["duration_s"], cv2=cell["cv2"], seed=cell["seed"]
-            )
+            arrivals = _cell_arrivals(cell)
             measured_ms = cell["measured"]["p99_ms"]
             probe = cell["client_probe"]
             used = cell["cpu_util"]["client"] - probe["pacing_cores"]
@@ -1089,6 +1112,61 @@ def client_diagnostic(path: Path) -> None:
                 f"{probe['cpu_s'] * 1e3:.2f} / {cell_cpu_s * 1e3:.2f} | {p99_ms[0]:.1f} | "
                 f"{_err(warm)} | {p99_ms[1]:.1f} | {_err(own)} |"
             )
+
+
+def _stored(
+    name: str, result: dict[str, Any]
+) -> tuple[Topology, list[StageConfig], PipelineProfile]:
+    """An example's topology, configuration and profile as a results file stores them."""
+    loaded = load_pipeline(PIPELINES[name])
+    profile = PipelineProfile.from_dict(result["profile"])
+    trace = planning_trace(loaded)
+    topology = PlanningProblem.from_graph(loaded.graph, profile, DEFAULT_CATALOG, trace).topology
+    return topology, [StageConfig(*result["config"][stage]) for stage in topology.stages], profile
+
+
+def _cell_arrivals(cell: dict[str, Any]) -> np.ndarray:
+    return gamma_arrivals(cell["rate_rps"], cell["duration_s"], cv2=cell["cv2"], seed=cell["seed"])
+
+
+def re_estimate(path: Path) -> None:
+    """Estimate every cell of a results file again with this estimator, from what the
+    file stores (profile, configuration, calibration, trace, the client's CPU per
+    request), leaving every measurement as it is; rewrite the file and print the tables.
+    A cell's repeats are compared with the estimate of the run that stands for it (each
+    run's own client probe is not stored); the per-stage breakdown keeps the estimates it
+    was written with."""
+    report = json.loads(path.read_text())
+    rows, repeats = [], []
+    for name, result in report["examples"].items():
+        topology, config, profile = _stored(name, result)
+        calibration = Calibration.from_dict(result["calibration"]["calibration"])
+        profiles = estimate_profiles(profile, calibration.apply(profile))
+        slo_s = result["slo_ms"] / 1e3
+        for cell in result["cells"]:
+            cell["estimated"], _ = estimate_cell(
+                topology,
+                config,
+                profiles,
+                _cell_arrivals(cell),
+                cell["client_probe"]["cpu_s"],
+                slo_s,
+                cell["duration_s"],
+            )
+            for run in [cell, *cell.get("repeats", ())]:
+                measured_ms = run["measured"]["p99_ms"] if run is cell else run["measured_p99_ms"]
+                run["error"] = {
+                    m: (e["p99_ms"] - measured_ms) / measured_ms
+                    for m, e in cell["estimated"].items()
+                }
+            rows.append(row(name, cell))
+            if "repeats" in cell:
+                repeats.append(repeats_row(name, cell))
+    report["re_estimated"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    path.write_text(json.dumps(report, indent=1, default=_json_default) + "\n")
+    print(HEADER + "\n" + "\n".join(rows))
+    if repeats:
+        print("\n" + REPEATS_HEADER + "\n" + "\n".join(repeats))
 
 
 def _autogroup() -> str:
@@ -1162,9 +1240,20 @@ def main() -> None:
         help="only re-estimate the cells of a results file with the client CPU each "
         "cell measured (no serving)",
     )
+    parser.add_argument(
+        "--re-estimate",
+        type=Path,
+        metavar="RESULTS",
+        default=None,
+        help="only estimate the cells of a results file again with this estimator and "
+        "rewrite it (no serving; the measurements stay)",
+    )
     args = parser.parse_args()
     if args.client_diagnostic is not None:
         client_diagnostic(args.client_diagnostic)
+        return
+    if args.re_estimate is not None:
+        re_estimate(args.re_estimate)
         return
     if args.attempts < 1:
         parser.error("--attempts must be at least 1")
@@ -1208,7 +1297,11 @@ def main() -> None:
     for name in examples:
         print(f"{name}: profiling (cached) and planning ...", file=sys.stderr)
         example = prepare(name, settings)
-        example.estimate(gamma_arrivals(10.0, 10.0), "p50")  # load the compiled kernel
+        arrivals = gamma_arrivals(10.0, 10.0)
+        profile = example.session.profile
+        estimate_cell(  # load the compiled kernels
+            example.topology, example.config, {"": ("p50", profile)}, arrivals, 0.0, 1.0, 10.0
+        )
         process.freeze_startup_heap()  # as `sloline run` does after planning
         rate = float(
             example.loaded.pipeline.spec.workload.rate_rps or example.session.plan.rate_rps

@@ -36,11 +36,11 @@ RAY_MODES = {
     "ray-ht": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
 }
 # Ray renices its worker processes (every actor: controller, proxy, replicas) by +15
-# (`worker_niceness`, ray-project/ray#24928) so that its own daemons win the CPU. sloline's
-# router and workers run at the caller's priority; on a machine where anything else runs
-# (the load generator, other jobs) Ray's replicas at +15 would lose most of the CPU to
-# them (measured here: 14 rps instead of 174 at 64 B with 16 clients). Same priority for
-# both systems:
+# (`worker_niceness`, ray-project/ray#24928) so that its own daemons win the CPU; sloline
+# runs its workers 10 steps below its router (`--worker-nice`). Beside a load generator at
+# the caller's priority, Ray's processes at +15 lose most of the CPU to it (measured here:
+# 14 rps instead of 174 at 64 B with 16 clients), and sloline's workers at +10 would too.
+# Every process of both systems at the caller's priority (sloline: `--worker-nice 0`):
 RAY_ENV = {"RAY_worker_niceness": "0"}
 
 
@@ -222,6 +222,7 @@ class SlolineSystem:
         argv = [sys.executable, "-m", "sloline", "run", str(self.pipeline_file),
                 "--port", str(self.port), "--grpc-port", str(grpc_port), "--no-plan",
                 "--no-tuner", "--status-interval", "86400", "--duration", "3600",
+                "--worker-nice", "0",  # as Ray's replicas (RAY_ENV)
                 "--log-dir", str(self.run_dir / "sloline-workers")]  # fmt: skip
         for stage, batch in self.max_batch.items():
             argv += ["--max-batch", f"{stage}={batch}", "--replicas", f"{stage}=1"]

@@ -1,0 +1,192 @@
+"""Where a request's time goes, and what the workers' lower priority changes.
+
+The example pipeline is served embedded with its plan (as ``estimator_accuracy.py``
+serves it), once with the workers at nice 0 (the router's priority) and once at the
+local backend's default (``WORKER_NICE``), alternately, ``--reps`` times each, each time
+on a fresh pipeline. A client in its own process and session (gRPC aio, one prebuilt
+request per query carrying the query's number as its id) replays the same open-loop
+gamma trace; the router records when the front door's ``ModelInfer`` handler starts and
+ends for each id. Per query, on one clock (CLOCK_MONOTONIC in both processes):
+
+- ``send lag``: from the scheduled send time to the client's send;
+- ``to handler``: from the client's send to the handler's start — the client's gRPC
+  stack, loopback, and the wait for the router's event loop (the router waits for a
+  core here when the workers keep both busy);
+- ``handler``: the handler itself — decoding, the pipeline (``Router.infer``), encoding;
+- ``to client``: from the handler's end to the answer at the client.
+
+Each row gives the P50 and P99 of each part and of the whole (from the scheduled send),
+and the share of queries within the SLO.
+
+    python benchmarks/request_split.py [--example digits-cascade] [--rate 200] [--cv2 4]
+                                       [--duration-s 60] [--reps 2] [--nices 0 10]
+
+Prints a markdown table and writes
+benchmarks/results/request_split-EXAMPLE-RATErps-cv2-CV2.json. Results and analysis:
+docs/planner.md, "Worker priority".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import estimator_accuracy as ea  # first: sets up gRPC as the serving process does
+import numpy as np
+
+from sloline.backends.local import WORKER_NICE
+from sloline.calibrate import REQUEST_TIMEOUT_S, replay
+from sloline.planner.profiler import ProfilerSettings
+from sloline.planner.trace import gamma_arrivals
+from sloline.serving import grpc_frontdoor, process
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PARTS = ("send lag", "to handler", "handler", "to client")
+
+
+def _client_process(conn: Connection, url: str, model: str, payloads: list[Any], n: int) -> None:
+    """The client: replays each array of arrival times it receives, query i as request id
+    i with sample i mod len(payloads), until None. Its own session, as in the benchmark."""
+    os.setsid()
+    asyncio.run(_client_main(conn, url, model, payloads, n))
+
+
+async def _client_main(conn: Connection, url: str, model: str, payloads: list[Any], n: int) -> None:
+    import grpc
+
+    from sloline.serving.proto import grpc_service_pb2 as pb
+    from sloline.serving.proto import grpc_service_pb2_grpc as pb_grpc
+    from sloline.serving.types import datatype_of
+
+    requests = []
+    for i in range(n):
+        request = pb.ModelInferRequest(model_name=model, id=str(i))
+        for name, value in payloads[i % len(payloads)].items():
+            request.inputs.add(name=name, datatype=datatype_of(value), shape=list(value.shape))
+            request.raw_input_contents.append(np.ascontiguousarray(value).tobytes())
+        requests.append(request)
+    loop = asyncio.get_running_loop()
+    async with grpc.aio.insecure_channel(url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+
+        async def infer(i: int) -> None:
+            await stub.ModelInfer(requests[i], timeout=REQUEST_TIMEOUT_S)
+
+        while (arrivals := await loop.run_in_executor(None, conn.recv)) is not None:
+            conn.send(await replay(infer, np.asarray(arrivals), grpc.aio.AioRpcError))
+
+
+HANDLER: dict[str, tuple[float, float]] = {}  # request id -> handler start, end
+
+
+def _record_handler_times() -> None:
+    """Wrap the front door's ModelInfer to record when it starts and ends per request id."""
+    infer = grpc_frontdoor.InferenceServicer.ModelInfer
+
+    async def timed(self: Any, request: Any, context: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return await infer(self, request, context)
+        finally:
+            HANDLER[request.id] = (start, time.perf_counter())
+
+    grpc_frontdoor.InferenceServicer.ModelInfer = timed  # type: ignore[method-assign]
+
+
+def _ms(values: np.ndarray, q: float) -> float:
+    return ea.percentile(values[np.isfinite(values)], q) * 1e3
+
+
+def measure(
+    example: ea.Example, worker_nice: int, arrivals: np.ndarray, rate: float
+) -> dict[str, Any]:
+    configs = {
+        name: ea.ServedConfig(c.hardware, c.max_batch, c.replicas)
+        for name, c in zip(example.stages, example.config, strict=True)
+    }
+    with ea.Served(example.loaded, configs, worker_nice=worker_nice) as served:
+        client = process.ChildProcess(
+            "client",
+            _client_process,
+            served.pipeline.grpc_url,
+            example.loaded.name,
+            example.payloads,
+            arrivals.size,
+        )
+        try:
+            client.call(gamma_arrivals(rate, 5.0, cv2=4.0, seed=999), 120.0)  # warm-up
+            HANDLER.clear()
+            result = client.call(arrivals, float(arrivals[-1]) + 120.0)
+        finally:
+            client.close()
+    scheduled = result["start"] + arrivals
+    handler = np.array([HANDLER.get(str(i), (math.nan, math.nan)) for i in range(arrivals.size)])
+    total = result["done"] - scheduled
+    parts = {
+        "send lag": result["sent"] - scheduled,
+        "to handler": handler[:, 0] - result["sent"],
+        "handler": handler[:, 1] - handler[:, 0],
+        "to client": result["done"] - handler[:, 1],
+    }
+    missed = ~np.isfinite(total) | (total > example.slo_s)
+    return {
+        "worker_nice": worker_nice,
+        "queries": int(arrivals.size),
+        "errors": result["errors"],
+        "p50_ms": _ms(total, 50.0),
+        "p99_ms": _ms(np.where(np.isfinite(total), total, math.inf), 99.0),
+        "attainment": 1.0 - float(missed.mean()),
+        "parts": {k: {"p50_ms": _ms(v, 50.0), "p99_ms": _ms(v, 99.0)} for k, v in parts.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--example", default="digits-cascade", choices=sorted(ea.PIPELINES))
+    parser.add_argument("--rate", type=float, default=200.0, help="arrival rate, rps")
+    parser.add_argument("--cv2", type=float, default=4.0, help="CV² of the inter-arrivals")
+    parser.add_argument("--duration-s", type=float, default=60.0)
+    parser.add_argument("--reps", type=int, default=2, help="runs per nice value")
+    parser.add_argument("--nices", type=int, nargs="+", default=[0, WORKER_NICE])
+    parser.add_argument("--seed", type=int, default=6)
+    args = parser.parse_args()
+    _record_handler_times()
+    example = ea.prepare(args.example, ProfilerSettings())
+    process.freeze_startup_heap()
+    arrivals = gamma_arrivals(args.rate, args.duration_s, cv2=args.cv2, seed=args.seed)
+    runs = []
+    print(
+        "| workers' nice | run | P50 ms | P99 ms | within SLO | "
+        + " | ".join(f"{p}: P50 / P99 ms" for p in PARTS)
+        + "\n|---:|---:|---:|---:|---:|"
+        + "---:|" * len(PARTS)
+    )
+    for rep in range(args.reps):
+        for nice in args.nices:
+            print(f"{args.example}: workers at nice {nice}, run {rep + 1} ...", file=sys.stderr)
+            run = measure(example, nice, arrivals, args.rate)
+            runs.append(run)
+            parts = run["parts"]
+            cells = [f"{parts[p]['p50_ms']:.2f} / {parts[p]['p99_ms']:.1f}" for p in PARTS]
+            print(
+                f"| {nice} | {rep + 1} | {run['p50_ms']:.1f} | {run['p99_ms']:.1f} | "
+                f"{run['attainment']:.2%} | " + " | ".join(cells) + " |",
+                flush=True,
+            )
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"request_split-{args.example}-{args.rate:g}rps-cv2-{args.cv2:g}.json"
+    report = {"settings": vars(args), "slo_ms": example.slo_s * 1e3, "runs": runs}
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
