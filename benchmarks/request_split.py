@@ -3,8 +3,9 @@
 The example pipeline is served embedded with its plan (as ``estimator_accuracy.py``
 serves it), once with the workers at nice 0 (the router's priority) and once at the
 local backend's default (``WORKER_NICE``), alternately, ``--reps`` times each, each time
-on a fresh pipeline. A client in its own process and session (gRPC aio, one prebuilt
-request per query carrying the query's number as its id) replays the same open-loop
+on a fresh pipeline. ``sloline calibrate``'s client, in its own process and session
+(gRPC aio, one prebuilt request per query carrying the query's number as its id),
+replays the same open-loop
 gamma trace; the router records when the front door's ``ModelInfer`` handler starts and
 ends for each id. Per query, on one clock (CLOCK_MONOTONIC in both processes):
 
@@ -29,13 +30,10 @@ docs/planner.md, "Worker priority".
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
-import os
 import sys
 import time
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -43,45 +41,13 @@ import estimator_accuracy as ea  # first: sets up gRPC as the serving process do
 import numpy as np
 
 from sloline.backends.local import WORKER_NICE
-from sloline.calibrate import REQUEST_TIMEOUT_S, replay
+from sloline.calibrate import client_process
 from sloline.planner.profiler import ProfilerSettings
 from sloline.planner.trace import gamma_arrivals
 from sloline.serving import grpc_frontdoor, process
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PARTS = ("send lag", "to handler", "handler", "to client")
-
-
-def _client_process(conn: Connection, url: str, model: str, payloads: list[Any], n: int) -> None:
-    """The client: replays each array of arrival times it receives, query i as request id
-    i with sample i mod len(payloads), until None. Its own session, as in the benchmark."""
-    os.setsid()
-    asyncio.run(_client_main(conn, url, model, payloads, n))
-
-
-async def _client_main(conn: Connection, url: str, model: str, payloads: list[Any], n: int) -> None:
-    import grpc
-
-    from sloline.serving.proto import grpc_service_pb2 as pb
-    from sloline.serving.proto import grpc_service_pb2_grpc as pb_grpc
-    from sloline.serving.types import datatype_of
-
-    requests = []
-    for i in range(n):
-        request = pb.ModelInferRequest(model_name=model, id=str(i))
-        for name, value in payloads[i % len(payloads)].items():
-            request.inputs.add(name=name, datatype=datatype_of(value), shape=list(value.shape))
-            request.raw_input_contents.append(np.ascontiguousarray(value).tobytes())
-        requests.append(request)
-    loop = asyncio.get_running_loop()
-    async with grpc.aio.insecure_channel(url) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
-
-        async def infer(i: int) -> None:
-            await stub.ModelInfer(requests[i], timeout=REQUEST_TIMEOUT_S)
-
-        while (arrivals := await loop.run_in_executor(None, conn.recv)) is not None:
-            conn.send(await replay(infer, np.asarray(arrivals), grpc.aio.AioRpcError))
 
 
 HANDLER: dict[str, tuple[float, float]] = {}  # request id -> handler start, end
@@ -115,7 +81,7 @@ def measure(
     with ea.Served(example.loaded, configs, worker_nice=worker_nice) as served:
         client = process.ChildProcess(
             "client",
-            _client_process,
+            client_process,
             served.pipeline.grpc_url,
             example.loaded.name,
             example.payloads,

@@ -107,14 +107,21 @@ async def replay(
     return {"start": start, "sent": sent, "done": done, "errors": errors}
 
 
-def _client_process(conn: Connection, url: str, model: str, payloads: list[Arrays]) -> None:
-    """The client: replays each array of arrival times it receives, until None. In its own
-    session, as each worker is, so it competes for the cores like another tenant."""
+def client_process(
+    conn: Connection, url: str, model: str, payloads: list[Arrays], ids: int = 0
+) -> None:
+    """The client (a :class:`ChildProcess` target): replays each array of arrival times it
+    receives through the gRPC front door, request i with sample i mod len(payloads), until
+    None. In its own session, so it competes for the cores like another tenant. With
+    ``ids`` > 0, request i < ids carries ``str(i)`` as its id (for matching it on the
+    server's side)."""
     os.setsid()
-    asyncio.run(_client_main(conn, url, model, payloads))
+    asyncio.run(_client_main(conn, url, model, payloads, ids))
 
 
-async def _client_main(conn: Connection, url: str, model: str, payloads: list[Arrays]) -> None:
+async def _client_main(
+    conn: Connection, url: str, model: str, payloads: list[Arrays], ids: int
+) -> None:
     import grpc
 
     from sloline.serving.proto import grpc_service_pb2 as pb
@@ -122,9 +129,9 @@ async def _client_main(conn: Connection, url: str, model: str, payloads: list[Ar
     from sloline.serving.types import datatype_of
 
     requests = []
-    for payload in payloads:
-        request = pb.ModelInferRequest(model_name=model)
-        for name, value in payload.items():
+    for i in range(ids or len(payloads)):
+        request = pb.ModelInferRequest(model_name=model, id=str(i) if ids else "")
+        for name, value in payloads[i % len(payloads)].items():
             request.inputs.add(name=name, datatype=datatype_of(value), shape=list(value.shape))
             request.raw_input_contents.append(np.ascontiguousarray(value).tobytes())
         requests.append(request)
@@ -176,7 +183,7 @@ async def measure_in_situ(
         await served.wait_ready(180.0)
         process.freeze_startup_heap()  # as `sloline run` serves
         client = process.ChildProcess(
-            "calibration client", _client_process, served.grpc_url, loaded.name, payloads
+            "calibration client", client_process, served.grpc_url, loaded.name, payloads
         )
 
         async def send(arrivals: np.ndarray) -> dict[str, Any]:

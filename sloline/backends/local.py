@@ -77,8 +77,8 @@ class LocalBackend:
         clock: Callable[[], float] = time.monotonic,
         worker_nice: int = WORKER_NICE,
     ) -> None:
-        if worker_nice < 0:
-            raise ValueError(f"worker_nice must be >= 0 (a lower priority), got {worker_nice}")
+        if not 0 <= worker_nice <= 19:
+            raise ValueError(f"worker_nice must be 0-19 (a lower priority), got {worker_nice}")
         self.pipeline_file = pipeline_file
         self.worker_nice = worker_nice
         self.router_address = router_address

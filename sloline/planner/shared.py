@@ -80,7 +80,7 @@ class SharedInputs:
     - ``router_cpu_s``: per request, per batch, per item; ``worker_cpu_s`` per batch;
     - ``client_cpu_s``: CPU per request of a co-located client (0: none);
     - ``cores``: cores shared by all of them (0: not shared); ``worker_weight``: a worker
-      thread's scheduling weight, the router's and the client's being 1.
+      thread's scheduling weight, the router's being 1.
     """
 
     arrivals_s: FloatArray
@@ -308,7 +308,7 @@ _SIGNATURE = numba.float64(
     numba.float64,  # worker CPU per batch
     numba.float64,  # client CPU per request
     numba.float64,  # shared cores (0: not shared)
-    numba.float64,  # a worker thread's scheduling weight (router and client: 1)
+    numba.float64,  # a worker thread's scheduling weight (the router's: 1)
     numba.float64[::1],  # out: answered
     numba.int64[:, ::1],  # out: per stage visits, batches
     numba.float64[::1],  # out: per stage busy
