@@ -152,6 +152,12 @@ def reasons(kube: KubeEmulator, name: str = "noop") -> list[str]:
     return [e["reason"] for e in events(kube, name)]
 
 
+def posted(kube: KubeEmulator, reason: str) -> None:
+    """Wait for an event with this reason: kopf posts events from a queue of its own, so
+    one can arrive after the status patch of the same handler run."""
+    wait(lambda: reason in reasons(kube), f"a {reason} event")
+
+
 def check_status_schema(found: dict[str, Any]) -> None:
     """The status fits the CRD's status schema, and the API server would prune nothing."""
     crd = yaml.safe_load(CRD.read_text())
@@ -175,7 +181,7 @@ def test_lifecycle_create_profile_plan_deploy_change_delete(cluster: KubeEmulato
             f"noop-profile-{s}-{hw}" for s in ("s1", "s2", "s3") for hw in ("cpu-1", "cpu-2")
         }
         wait(lambda: status(kube).get("phase") == "Profiling", "phase Profiling")
-        assert "Profiling" in reasons(kube)
+        posted(kube, "Profiling")
         run_all_jobs(kube, 6)
         deployed(kube, 1)
 
@@ -232,7 +238,7 @@ def test_lifecycle_create_profile_plan_deploy_change_delete(cluster: KubeEmulato
         }
         assert found["endpoints"]["http"] == "http://noop-router.default.svc:8000"
         check_status_schema(found)
-        assert "Planned" in reasons(kube)
+        posted(kube, "Planned")
         mark_ready(kube)
         wait(lambda: status(kube).get("phase") == "Ready", "phase Ready")
         ready_since = conditions(kube)["Ready"]["lastTransitionTime"]
@@ -365,7 +371,7 @@ def test_failed_profiling_job_fails_the_pipeline_with_its_message(cluster: KubeE
         profiled = conditions(kube)["Profiled"]
         assert profiled["reason"] == "ProfilingFailed"
         assert "cannot load noop_stages" in profiled["message"]
-        assert "ProfilingFailed" in reasons(kube)
+        posted(kube, "ProfilingFailed")
         assert kube.find("jobs", NS, job["metadata"]["name"]) is None  # retried on the next change
 
 
