@@ -515,7 +515,15 @@ class Example:
 
     @property
     def stages(self) -> tuple[str, ...]:
-        return self.session.problem.topology.stages
+        return self.topology.stages
+
+    @property
+    def served_configs(self) -> dict[str, ServedConfig]:
+        """The plan's configuration as the embedded pipeline takes it."""
+        return {
+            name: ServedConfig(c.hardware, c.max_batch, c.replicas)
+            for name, c in zip(self.stages, self.config, strict=True)
+        }
 
     @property
     def topology(self) -> Topology:
@@ -925,13 +933,9 @@ def run_example(
     count_niced: bool = True,
     budget: Budget | None = None,
 ) -> dict[str, Any]:
-    configs = {
-        name: ServedConfig(c.hardware, c.max_batch, c.replicas)
-        for name, c in zip(example.stages, example.config, strict=True)
-    }
     datatypes = {t.name: str(t.datatype) for t in example.loaded.pipeline.spec.inputs}
     out: dict[str, Any] = {"cells": []}
-    with Served(example.loaded, configs) as served:
+    with Served(example.loaded, example.served_configs) as served:
         gen = load_generator(
             served.pipeline.grpc_url, example.loaded.name, example.payloads, datatypes
         )

@@ -74,11 +74,7 @@ def _ms(values: np.ndarray, q: float) -> float:
 def measure(
     example: ea.Example, worker_nice: int, arrivals: np.ndarray, rate: float
 ) -> dict[str, Any]:
-    configs = {
-        name: ea.ServedConfig(c.hardware, c.max_batch, c.replicas)
-        for name, c in zip(example.stages, example.config, strict=True)
-    }
-    with ea.Served(example.loaded, configs, worker_nice=worker_nice) as served:
+    with ea.Served(example.loaded, example.served_configs, worker_nice=worker_nice) as served:
         client = process.ChildProcess(
             "client",
             client_process,
