@@ -40,10 +40,12 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from sloline.planner.config import StageConfig
 from sloline.planner.estimator import ServiceMode, Workload, service_draws
 from sloline.planner.profile import PipelineProfile
 from sloline.planner.queueing import ServiceDraws
@@ -65,6 +67,7 @@ class EngineSettings:
     envelope_lookback_s: float = 60.0
     lambda_window_s: float = 5.0
     lambda_lookback_s: float = 30.0
+    prices_per_hour: Mapping[str, float] = field(default_factory=dict)  # per hardware class
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.tick_s) and self.tick_s > 0.0):
@@ -75,11 +78,28 @@ class EngineSettings:
             )
 
 
-class _Replica:
-    __slots__ = ("alive", "busy", "idle_since", "retiring", "rid", "serving")
+class _Config:
+    """One configuration a stage's replicas serve with (a stage has several only while a
+    reconfiguration hands over): batch limit, service draws, price per hour."""
 
-    def __init__(self, rid: int, serving: bool, now: float) -> None:
+    __slots__ = ("config", "draws", "max_batch", "occupancy", "price")
+
+    def __init__(
+        self, config: StageConfig, draws: ServiceDraws, occupancy: list[float] | None, price: float
+    ) -> None:
+        self.config = config
+        self.max_batch = config.max_batch
+        self.draws = draws
+        self.occupancy = occupancy  # per batch size, when service times are fixed
+        self.price = price
+
+
+class _Replica:
+    __slots__ = ("alive", "busy", "cfg", "idle_since", "retiring", "rid", "serving")
+
+    def __init__(self, rid: int, cfg: _Config, serving: bool, now: float) -> None:
         self.rid = rid
+        self.cfg = cfg
         self.serving = serving  # activated (not starting)
         self.alive = True
         self.busy = False
@@ -88,18 +108,21 @@ class _Replica:
 
 
 class _Stage:
-    """Runtime state of one stage; ``acc`` integrates the counts over time."""
+    """Runtime state of one stage; ``acc`` integrates the counts over time.
+
+    ``cfg`` is the configuration new replicas get. After a reconfiguration the replicas of
+    earlier ones (``old``) keep serving, uncounted, until every replica of the new one
+    serves; then they leave as a scale-down's do."""
 
     __slots__ = (
-        "batches", "billed", "billed_area", "busy", "busy_area", "draws", "idle",
-        "in_service", "last", "max_batch", "n_ready", "n_starting", "next_rid", "occupancy",
-        "ong_area", "queue", "ready_area", "replicas", "snap",
+        "batches", "billed", "billed_area", "busy", "busy_area", "cfg", "cost_area",
+        "cost_rate", "idle", "in_service", "last", "n_ready", "n_starting", "next_rid",
+        "old", "ong_area", "queue", "ready_area", "replicas", "snap",
     )  # fmt: skip
 
-    def __init__(self, max_batch: int, draws: ServiceDraws, occupancy: list[float] | None) -> None:
-        self.max_batch = max_batch
-        self.draws = draws
-        self.occupancy = occupancy  # per batch size, when service times are fixed
+    def __init__(self, cfg: _Config) -> None:
+        self.cfg = cfg
+        self.old = 0  # replicas of earlier configurations still serving
         self.queue: deque[int] = deque()
         self.idle: list[int] = []  # heap of idle serving replica ids
         self.replicas: dict[int, _Replica] = {}
@@ -108,6 +131,7 @@ class _Stage:
         self.n_ready = self.n_starting = self.billed = 0
         self.last = 0.0
         self.ong_area = self.busy_area = self.ready_area = self.billed_area = 0.0
+        self.cost_rate = self.cost_area = 0.0  # $ per hour of the billed replicas, integral
         self.snap = (0.0, 0.0, 0.0)  # areas at the last tick
 
     def acc(self, t: float) -> None:
@@ -117,6 +141,7 @@ class _Stage:
             self.busy_area += self.busy * dt
             self.ready_area += self.n_ready * dt
             self.billed_area += self.billed * dt
+            self.cost_area += self.cost_rate * dt
             self.last = t
 
 
@@ -151,22 +176,11 @@ class _Simulation:
         self.sources = [m for m, deps in enumerate(topology.deps) if not deps]
         self.pending = [len(deps) for deps in topology.deps] * workload.size
         self.latency = [math.nan] * workload.size
+        self.profile = profile
+        self.visits_m = [int(np.count_nonzero(workload.visits[:, m])) for m in range(len(topology))]
         self.stages: list[_Stage] = []
-        for m, (name, cfg) in enumerate(zip(topology.stages, policy.config, strict=True)):
-            visits_m = int(np.count_nonzero(workload.visits[:, m]))
-            draws = service_draws(
-                profile.stage(name, cfg.hardware),
-                cfg.max_batch,
-                settings.service,
-                profile.hop_s,
-                visits_m,
-                seed=settings.seed,
-                stage=m,
-            )
-            fixed = None
-            if not draws.cols.size and not draws.scales.size:
-                fixed = [float(v) + draws.hop_s for v in draws.table_s[:, 0].tolist()]
-            stage = _Stage(cfg.max_batch, draws, fixed)
+        for m, cfg in enumerate(policy.config):
+            stage = _Stage(self._config(m, cfg))
             for _ in range(cfg.replicas):
                 self._new_replica(stage, serving=True, now=0.0)
             self.stages.append(stage)
@@ -185,11 +199,28 @@ class _Simulation:
 
     # -- replicas -------------------------------------------------------------------------
 
+    def _config(self, m: int, cfg: StageConfig) -> _Config:
+        settings = self.settings
+        draws = service_draws(
+            self.profile.stage(self.topology.stages[m], cfg.hardware),
+            cfg.max_batch,
+            settings.service,
+            self.profile.hop_s,
+            self.visits_m[m],
+            seed=settings.seed,
+            stage=m,
+        )
+        fixed = None
+        if not draws.cols.size and not draws.scales.size:
+            fixed = [float(v) + draws.hop_s for v in draws.table_s[:, 0].tolist()]
+        return _Config(cfg, draws, fixed, settings.prices_per_hour.get(cfg.hardware, 0.0))
+
     def _new_replica(self, stage: _Stage, *, serving: bool, now: float) -> _Replica:
-        replica = _Replica(stage.next_rid, serving, now)
+        replica = _Replica(stage.next_rid, stage.cfg, serving, now)
         stage.next_rid += 1
         stage.replicas[replica.rid] = replica
         stage.billed += 1
+        stage.cost_rate += replica.cfg.price
         if serving:
             stage.n_ready += 1
             heapq.heappush(stage.idle, replica.rid)
@@ -201,18 +232,62 @@ class _Simulation:
         replica.alive = False
         del stage.replicas[replica.rid]
         stage.billed -= 1
-        if not replica.serving:
+        stage.cost_rate -= replica.cfg.price
+        if replica.cfg is not stage.cfg:  # an earlier configuration's, never counted
+            stage.old -= 1
+        elif not replica.serving:
             stage.n_starting -= 1
         elif not replica.retiring:  # a leaving replica was no longer counted as ready
             stage.n_ready -= 1
 
+    def _reconfigure(self, m: int, cfg: StageConfig, now: float) -> None:
+        """Serve stage m with ``cfg`` from now on: ``cfg.replicas`` new replicas start; the
+        current ones serve on, uncounted, until all of them serve (:meth:`_handover`)."""
+        stage = self.stages[m]
+        stage.acc(now)
+        current = stage.n_ready + stage.n_starting
+        for replica in list(stage.replicas.values()):
+            if replica.cfg is stage.cfg:
+                if not replica.serving:  # never served: cancelled outright
+                    self._remove(stage, replica)
+                    continue
+                stage.old += 1
+                if not replica.retiring:
+                    stage.n_ready -= 1
+        stage.cfg = self._config(m, cfg)
+        self.events.append(ScaleEvent(now, self.topology.stages[m], current, cfg.replicas, cfg))
+        for _ in range(cfg.replicas):
+            self._start(m, stage, now)
+
+    def _start(self, m: int, stage: _Stage, now: float) -> None:
+        replica = self._new_replica(stage, serving=False, now=now)
+        ready_at = now + self.settings.activation_delay_s
+        heapq.heappush(self.heap, (ready_at, self.seq, m, replica, None))
+        self.seq += 1
+
+    def _handover(self, stage: _Stage) -> None:
+        """Once every replica of the stage's configuration serves, the earlier
+        configurations' replicas leave: idle ones at once, busy ones after their batch."""
+        if not stage.old or stage.n_starting:
+            return
+        for replica in list(stage.replicas.values()):
+            if replica.cfg is stage.cfg:
+                continue
+            if replica.busy:
+                replica.retiring = True
+            else:  # idle, or freed at this instant and not yet idle
+                if replica.rid in stage.idle:
+                    stage.idle.remove(replica.rid)
+                self._remove(stage, replica)
+        heapq.heapify(stage.idle)
+
     def _scale(self, m: int, target: int, now: float) -> None:
         stage = self.stages[m]
         stage.acc(now)
-        leaving = [r for r in stage.replicas.values() if r.retiring]
-        current = len(stage.replicas) - len(leaving)
+        current = stage.n_ready + stage.n_starting
         if target == current:
             return
+        leaving = [r for r in stage.replicas.values() if r.retiring and r.cfg is stage.cfg]
         self.events.append(ScaleEvent(now, self.topology.stages[m], current, target))
         if target > current:
             add = target - current
@@ -221,13 +296,12 @@ class _Simulation:
                 stage.n_ready += 1
                 add -= 1
             for _ in range(add):
-                replica = self._new_replica(stage, serving=False, now=now)
-                ready_at = now + self.settings.activation_delay_s
-                heapq.heappush(self.heap, (ready_at, self.seq, m, replica, None))
-                self.seq += 1
+                self._start(m, stage, now)
             return
         drop = current - target
-        live = [r for r in reversed(stage.replicas.values()) if not r.retiring]
+        live = [
+            r for r in reversed(stage.replicas.values()) if not r.retiring and r.cfg is stage.cfg
+        ]
         for replica in [r for r in live if not r.serving][:drop]:
             self._remove(stage, replica)
             drop -= 1
@@ -240,6 +314,7 @@ class _Simulation:
         for replica in [r for r in live if r.busy][:drop]:
             replica.retiring = True  # finishes its batch, then leaves
             stage.n_ready -= 1
+        self._handover(stage)  # cancelled starters may complete one
 
     # -- queries --------------------------------------------------------------------------
 
@@ -285,11 +360,11 @@ class _Simulation:
     def _dispatch(
         self, m: int, stage: _Stage, replica: _Replica, batch: list[int], t: float
     ) -> None:
-        k = len(batch)
-        if stage.occupancy is not None:
-            duration = stage.occupancy[k]
+        k, cfg = len(batch), replica.cfg
+        if cfg.occupancy is not None:
+            duration = cfg.occupancy[k]
         else:
-            duration = stage.draws.time_s(stage.batches, k)
+            duration = cfg.draws.time_s(stage.batches, k)
         stage.batches += 1
         stage.busy += 1
         stage.in_service += k
@@ -318,10 +393,12 @@ class _Simulation:
         if len(freed) > 1:
             freed.sort(key=lambda f: (f[0], f[1].rid))
         for m, replica in freed:
+            if not replica.alive:  # handed over at this instant
+                continue
             stage = self.stages[m]
             queue = stage.queue
             if queue:
-                k = min(len(queue), stage.max_batch)
+                k = min(len(queue), replica.cfg.max_batch)
                 self._dispatch(m, stage, replica, [queue.popleft() for _ in range(k)], t)
             else:
                 heapq.heappush(stage.idle, replica.rid)
@@ -337,6 +414,7 @@ class _Simulation:
                 stage.n_starting -= 1
                 stage.n_ready += 1
                 self.freed.append((m, replica))
+                self._handover(stage)
             return
         stage.busy -= 1
         stage.in_service -= len(batch)
@@ -377,7 +455,7 @@ class _Simulation:
             idle_for = tuple(
                 0.0 if r.busy else t - r.idle_since
                 for r in stage.replicas.values()
-                if r.serving and not r.retiring
+                if r.serving and not r.retiring and r.cfg is stage.cfg
             )
             views.append(
                 StageView(
@@ -400,6 +478,10 @@ class _Simulation:
         if envelope is not None:
             envelope.observe_many(self.arrivals_s[self.fed_q : self.next_q])
             env, lambdas = envelope.envelope(t), envelope.lambdas(t)
+        recent = None
+        if self.policy.arrivals_lookback_s > 0.0:
+            seen = self.arrivals_s[: self.next_q]
+            recent = seen[np.searchsorted(seen, t - self.policy.arrivals_lookback_s) :]
         arrived = self.next_q - self.fed_q
         self.fed_q = self.next_q
         return Observation(
@@ -411,6 +493,7 @@ class _Simulation:
             mean_in_system=mean_in_system,
             envelope=env,
             lambdas_rps=lambdas or (),
+            recent_arrivals_s=recent,
         )
 
     def run(self, duration_s: float) -> Run:
@@ -428,6 +511,8 @@ class _Simulation:
             )
         state = policy.state
         replica_s: tuple[float, ...] = ()
+        cost_usd = 0.0
+        cost_rate: list[float] = []
         desired: list[list[int]] = []
         ready: list[list[int]] = []
         billed: list[list[int]] = []
@@ -447,8 +532,10 @@ class _Simulation:
                 desired.append([s.n_ready + s.n_starting for s in self.stages])
                 ready.append([s.n_ready for s in self.stages])
                 billed.append([s.billed for s in self.stages])
+                cost_rate.append(sum(s.cost_rate for s in self.stages))
                 if k == n_ticks:
                     replica_s = tuple(s.billed_area for s in self.stages)
+                    cost_usd = sum(s.cost_area for s in self.stages) / 3600.0
                 k += 1
                 continue
             if t_next == math.inf:
@@ -462,18 +549,30 @@ class _Simulation:
             ready=np.array(ready, dtype=np.int64),
             billed=np.array(billed, dtype=np.int64),
             replica_s=replica_s,
+            cost_usd=cost_usd,
+            cost_per_hour=np.array(cost_rate, dtype=np.float64),
             horizon_s=float(ticks[-1]),
             events=tuple(self.events),
         )
 
     def _apply(self, targets: Targets, now: float) -> None:
-        if len(targets) != self.n_stages or any(r < 1 for r in targets):
+        counts = [t.replicas if isinstance(t, StageConfig) else t for t in targets]
+        if len(targets) != self.n_stages or any(r < 1 for r in counts):
             raise ValueError(
                 f"policy {self.policy.name!r} returned targets {targets}: need one count "
-                f">= 1 per stage ({self.n_stages} stages)"
+                f">= 1 or one configuration per stage ({self.n_stages} stages)"
             )
         for m, target in enumerate(targets):
-            self._scale(m, int(target), now)
+            current = self.stages[m].cfg.config
+            if isinstance(target, StageConfig) and (target.hardware, target.max_batch) != (
+                current.hardware,
+                current.max_batch,
+            ):
+                self._reconfigure(m, target, now)
+            else:
+                self._scale(
+                    m, int(target.replicas if isinstance(target, StageConfig) else target), now
+                )
 
 
 def run_closed_loop(

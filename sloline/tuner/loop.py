@@ -56,42 +56,52 @@ class Observation:
     mean_in_system: float  # time-average over the last tick
     envelope: Envelope | None = None  # observed traffic envelope (policies that ask for it)
     lambdas_rps: tuple[float, ...] = ()  # completed λ windows (Algorithm 4's input)
+    recent_arrivals_s: FloatArray | None = None  # policies that ask: the look-back's arrivals
 
 
-Targets = tuple[int, ...]
+Targets = tuple[int | StageConfig, ...]
+"""Per stage, a replica count for its configuration, or a configuration: another hardware
+class or max batch makes the engine start ``replicas`` of it and hand over once they serve
+(:meth:`sloline.tuner.engine._Simulation._reconfigure`)."""
 Step = Callable[[Observation, Any], tuple[Targets, Any]]
-"""``step(observation, state) -> (target replicas per stage, new state)``: a pure policy."""
+"""``step(observation, state) -> (targets per stage, new state)``: a pure policy."""
 
 
 @dataclass(frozen=True, slots=True)
 class Policy:
     """A scaling policy to simulate: the initial configuration (one
     :class:`~sloline.planner.config.StageConfig` per stage, topology order), the pure
-    ``step`` called every tick with its ``state`` (None: a static configuration), and the
-    envelope windows it observes (empty: the envelope is not computed)."""
+    ``step`` called every tick with its ``state`` (None: a static configuration), the
+    envelope windows it observes (empty: the envelope is not computed) and how far back
+    it sees the arrival times themselves (0: not at all)."""
 
     name: str
     config: tuple[StageConfig, ...]
     step: Step | None = None
     state: Any = None
     envelope_windows_s: tuple[float, ...] = ()
+    arrivals_lookback_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class ScaleEvent:
-    """At ``time_s`` the policy set ``stage`` from ``from_replicas`` to ``to_replicas``."""
+    """At ``time_s`` the policy set ``stage`` from ``from_replicas`` to ``to_replicas``
+    (of a new ``config`` when it reconfigured the stage)."""
 
     time_s: float
     stage: str
     from_replicas: int
     to_replicas: int
+    config: StageConfig | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Run:
     """One simulation: per-query latency (arrival order), per-tick replica counts
     ``[tick, stage]`` (desired, ready and billed = starting + ready + leaving), billed
-    replica-seconds per stage over ``[0, horizon_s]`` and the scaling events."""
+    replica-seconds per stage over ``[0, horizon_s]``, the cost over it (at
+    :attr:`EngineSettings.prices_per_hour <sloline.tuner.engine.EngineSettings>`) and the
+    billed cost rate per tick, and the scaling events."""
 
     latencies_s: FloatArray
     ticks_s: FloatArray
@@ -100,4 +110,6 @@ class Run:
     billed: IntArray
     replica_s: tuple[float, ...]
     horizon_s: float
+    cost_usd: float
+    cost_per_hour: FloatArray
     events: tuple[ScaleEvent, ...]

@@ -88,7 +88,6 @@ class PolicyResult:
     scale_events: int
     stages: tuple[str, ...]
     config: tuple[StageConfig, ...]  # hardware, max batch and initial replicas per stage
-    prices_per_hour: tuple[float, ...]  # per replica, per stage
     run: Run
     rolling_tail_s: FloatArray  # per tick of ``run``
 
@@ -170,8 +169,9 @@ class SimulationReport:
             axes[0, 0].set_ylabel("arrivals / s (2 s bins)")
             axes[0, 0].set_title(f"{self.pipeline} — {trace.name}: {trace.description}", loc="left")
             for r in rows:
-                rate = r.run.billed @ np.asarray(r.prices_per_hour)
-                axes[0, 1].step(r.run.ticks_s, rate, where="post", lw=0.9, label=r.policy)
+                axes[0, 1].step(
+                    r.run.ticks_s, r.run.cost_per_hour, where="post", lw=0.9, label=r.policy
+                )
             axes[0, 1].set_ylabel("$ / hour")
             axes[0, 1].legend(fontsize=7, ncol=2)
             for i, r in enumerate(rows, start=1):

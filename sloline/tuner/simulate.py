@@ -13,6 +13,9 @@ the event simulation of :mod:`sloline.tuner.engine`, with a 5 s replica activati
   (Algorithms 3 and 4) on the streaming envelope of the arrivals so far, as the live loop;
 - ``inferline-paper``: the same ``decide`` fed §5's literal rates (r_max, raw λ_new;
   :func:`sloline.tuner.policy.estimate_load` with ``literal=True``), for comparison;
+- ``inferline-replan``: ``inferline`` plus the planner run again every minute on the
+  last minute of arrivals, its plan adopted when it changes a stage's hardware or batch
+  and is cheaper than the replicas running (:class:`ReplanSettings`);
 - ``cg-autoscale``: InferLine's coarse-grained baseline (§6): the CG-Mean configuration
   (whole pipeline as one unit), tuned by AutoScale;
 - ``hpa``, ``ray-serve``, ``knative-kpa``: the plan, each stage scaled by that system's
@@ -23,6 +26,7 @@ the event simulation of :mod:`sloline.tuner.engine`, with a 5 s replica activati
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from sloline.planner.baselines import cg_baseline
 from sloline.planner.config import StageConfig
@@ -54,6 +59,7 @@ from sloline.tuner.baselines import (
     ray_step,
 )
 from sloline.tuner.engine import EngineSettings, run_closed_loop
+from sloline.tuner.envelope import Envelope
 from sloline.tuner.loop import Observation, Policy, Targets
 from sloline.tuner.policy import (
     StageState,
@@ -69,6 +75,7 @@ from sloline.tuner.traces import Trace
 __all__ = [
     "POLICIES",
     "REACTIVE",
+    "ReplanSettings",
     "SimulationSettings",
     "build_policy",
     "simulate",
@@ -79,12 +86,46 @@ POLICIES = (
     "oracle",
     "inferline",
     "inferline-paper",
+    "inferline-replan",
     "cg-autoscale",
     "hpa",
     "ray-serve",
     "knative-kpa",
 )
 REACTIVE = ("cg-autoscale", "hpa", "ray-serve", "knative-kpa")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplanSettings:
+    """When ``inferline-replan`` runs the planner again (docs/tuner.md, "Re-planning").
+
+    Every ``interval_s`` it plans on the arrivals of the last ``lookback_s``, if their
+    rate is steady (the look-back's two halves differ by at most ``max_drift`` of the
+    first); it adopts that plan when some stage gets another hardware class or max batch
+    and the plan costs at least ``min_saving`` less per hour than the replicas running
+    now."""
+
+    interval_s: float = 60.0
+    lookback_s: float = 60.0
+    min_saving: float = 0.10
+    max_drift: float = 0.10
+
+    def __post_init__(self) -> None:
+        if not (self.interval_s > 0.0 and self.lookback_s > 0.0):
+            raise ValueError(
+                f"interval_s and lookback_s must be > 0, got {self.interval_s}, {self.lookback_s}"
+            )
+        if not 0.0 <= self.min_saving < 1.0:
+            raise ValueError(f"min_saving must be in [0, 1), got {self.min_saving}")
+        if not self.max_drift >= 0.0:
+            raise ValueError(f"max_drift must be >= 0, got {self.max_drift}")
+
+    def steady(self, arrivals_s: npt.NDArray[np.float64]) -> bool:
+        """Whether ``arrivals_s`` (times within the look-back, from 0) hold a steady rate:
+        planning on a climb would pack the plan for a load already left behind."""
+        first = int(np.searchsorted(arrivals_s, 0.5 * self.lookback_s))
+        second = arrivals_s.size - first
+        return first > 0 and abs(second - first) <= self.max_drift * first
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +152,7 @@ class SimulationSettings:
     autoscale_t_wait_s: float = 120.0
     packing_factor: float | None = None
     packing_factor_scale: float = 1.0
+    replan: ReplanSettings = field(default_factory=ReplanSettings)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.packing_factor_scale) and self.packing_factor_scale > 0.0):
@@ -127,11 +169,11 @@ def _tuner_settings(plan: Plan, settings: SimulationSettings) -> TunerSettings:
     )
 
 
-def _inferline(
+def _tune(
     problem: PlanningProblem, plan: Plan, settings: TunerSettings, *, literal: bool
-) -> Policy:
-    """The InferLine tuner: :func:`~sloline.tuner.policy.decide` every tick, on stages
-    with the effective rho_m the live loop gives them
+) -> Callable[[Observation, float], tuple[Targets, float]]:
+    """One tick of the InferLine tuner on ``plan``: :func:`~sloline.tuner.policy.decide`
+    on stages with the effective rho_m the live loop gives them
     (:func:`~sloline.tuner.policy.effective_rhos`, as :func:`sloline.tuner.sources.
     stage_tunings`); ``literal`` feeds it §5's rates instead of the default estimate."""
     bounds = [problem.replica_bounds(s.name) for s in plan.stages]
@@ -173,8 +215,90 @@ def _inferline(
             outcome.last_change_s,
         )
 
+    return step
+
+
+def _inferline(
+    problem: PlanningProblem, plan: Plan, settings: TunerSettings, *, literal: bool
+) -> Policy:
+    """The InferLine tuner: the plan, tuned every tick (:func:`_tune`)."""
     name = "inferline-paper" if literal else "inferline"
+    step = _tune(problem, plan, settings, literal=literal)
     return Policy(name, plan.config, step, 0.0, settings.windows_s)
+
+
+@dataclass(frozen=True, slots=True)
+class _Replanning:
+    plan: Plan
+    tune: Callable[[Observation, float], tuple[Targets, float]]
+    last_change_s: float
+    last_plan_s: float
+
+
+def _inferline_replan(
+    problem: PlanningProblem, plan: Plan, settings: TunerSettings, replan: ReplanSettings
+) -> Policy:
+    """The InferLine tuner that also re-plans (hardware, batch and replicas) on recent
+    arrivals: InferLine re-runs its planner "periodically" (§3); here every
+    ``replan.interval_s``, and a cheaper plan with another hardware or batch replaces the
+    running one (the engine hands each changed stage over once its new replicas serve).
+    Between plans, and on stages the new plan leaves as they are, the tuner runs as in
+    ``inferline``, with the new plan's rho_m, mu_m and envelope."""
+    windows = settings.windows_s
+    prices = problem.hardware_costs
+
+    def adopt(candidate: Plan, now_s: float) -> _Replanning:
+        return _Replanning(
+            candidate, _tune(problem, candidate, settings, literal=False), now_s, now_s
+        )
+
+    def step(observation: Observation, state: _Replanning) -> tuple[Targets, _Replanning]:
+        now, recent = observation.now_s, observation.recent_arrivals_s
+        if (
+            now - state.last_plan_s >= replan.interval_s
+            and now >= replan.lookback_s
+            and recent is not None
+            and recent.size > 1
+        ):
+            state = dataclasses.replace(state, last_plan_s=now)
+            arrivals = recent - (now - replan.lookback_s)
+            candidate = None
+            if replan.steady(arrivals):
+                with contextlib.suppress(InfeasibleError):
+                    candidate = make_plan(dataclasses.replace(problem, arrivals_s=arrivals))
+            running = sum(
+                v.desired * prices[s.hardware]
+                for v, s in zip(observation.stages, state.plan.stages, strict=True)
+            )
+            if (
+                candidate is not None
+                and candidate.cost_per_hour <= (1.0 - replan.min_saving) * running
+            ):
+                changed = [
+                    (new.hardware, new.max_batch) != (old.hardware, old.max_batch)
+                    for new, old in zip(candidate.stages, state.plan.stages, strict=True)
+                ]
+                if any(changed):
+                    # The tuner compares envelopes at the windows the router observes.
+                    candidate = dataclasses.replace(
+                        candidate, envelope=Envelope.of_trace(arrivals, windows)
+                    )
+                    targets = tuple(
+                        StageConfig(new.hardware, new.max_batch, new.replicas)
+                        if change
+                        else max(new.replicas, view.desired)
+                        for new, view, change in zip(
+                            candidate.stages, observation.stages, changed, strict=True
+                        )
+                    )
+                    return targets, adopt(candidate, now)
+        targets, last_change_s = state.tune(observation, state.last_change_s)
+        return targets, dataclasses.replace(state, last_change_s=last_change_s)
+
+    first = adopt(plan, 0.0)
+    return Policy(
+        "inferline-replan", plan.config, step, first, windows, arrivals_lookback_s=replan.lookback_s
+    )
 
 
 def _per_stage(
@@ -244,6 +368,8 @@ def build_policy(
     if name in {"inferline", "inferline-paper"}:
         tuner = _tuner_settings(plan, settings)
         return _inferline(problem, plan, tuner, literal=name == "inferline-paper")
+    if name == "inferline-replan":
+        return _inferline_replan(problem, plan, _tuner_settings(plan, settings), settings.replan)
     if name == "cg-autoscale":
         return _cg_autoscale(problem, plan, settings)
     if name not in _PER_STAGE:
@@ -309,11 +435,11 @@ def _result(
         envelope_lookback_s=tuner.envelope_lookback_s,
         lambda_window_s=tuner.lambda_window_s,
         lambda_lookback_s=tuner.lambda_lookback_s,
+        prices_per_hour=problem.hardware_costs,
     )
     run = run_closed_loop(
         problem.topology, problem.profile, workload, policy, trace.duration_s, engine
     )
-    prices = tuple(problem.hardware_costs[c.hardware] for c in policy.config)
     tail = rolling_tail(
         trace.arrivals_s,
         run.latencies_s,
@@ -327,13 +453,12 @@ def _result(
         policy=policy.name,
         queries=int(run.latencies_s.size),
         attainment=float(within) / max(1, run.latencies_s.size),
-        cost_usd=sum(s * p for s, p in zip(run.replica_s, prices, strict=True)) / 3600.0,
+        cost_usd=run.cost_usd,
         tail_s=float(np.percentile(run.latencies_s, problem.percentile, method="inverted_cdf")),
         recovery_s=recovery_times(run.ticks_s, tail, trace.changes_s, problem.slo_s),
         scale_events=len(run.events),
         stages=problem.topology.stages,
         config=policy.config,
-        prices_per_hour=prices,
         run=run,
         rolling_tail_s=tail,
     )

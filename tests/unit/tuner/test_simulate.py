@@ -36,7 +36,13 @@ from sloline.tuner.baselines import (
 from sloline.tuner.engine import EngineSettings, run_closed_loop
 from sloline.tuner.loop import Observation, Policy, StageView
 from sloline.tuner.report import SimulationReport, recovery_times, rolling_tail
-from sloline.tuner.simulate import POLICIES, SimulationSettings, build_policy, simulate
+from sloline.tuner.simulate import (
+    POLICIES,
+    ReplanSettings,
+    SimulationSettings,
+    build_policy,
+    simulate,
+)
 from sloline.tuner.traces import (
     Trace,
     autoscale_trace,
@@ -247,6 +253,149 @@ def test_scaling_never_drops_or_delays_a_query_beyond_reason(
         assert run.desired[k, 0] == t
     assert np.all(run.ready <= run.desired)
     assert np.all(run.desired <= run.billed)
+
+
+def two_classes() -> tuple[Topology, PipelineProfile]:
+    slow = StageProfile.from_latencies("slow", {1: 10.0})
+    fast = StageProfile.from_latencies("fast", {1: 2.0})
+    return Topology.chain(["a"]), PipelineProfile({"a": {"slow": slow, "fast": fast}})
+
+
+def test_a_reconfiguration_hands_over_once_the_new_replicas_serve() -> None:
+    topology, profile = two_classes()
+    workload = Workload.build(topology, profile, [0.5, 3.0, 8.0])
+    fast = StageConfig("fast", 1, 1)
+
+    def step(observation: Observation, state: None) -> tuple[tuple[int | StageConfig, ...], None]:
+        return ((fast if observation.now_s == 2.0 else observation.stages[0].desired),), state
+
+    run = run_closed_loop(
+        topology,
+        profile,
+        workload,
+        Policy("swap", (StageConfig("slow", 1, 1),), step),
+        duration_s=12.0,
+        settings=EngineSettings(prices_per_hour={"slow": 1.0, "fast": 3.0}),
+    )
+    # q0: the slow replica, 0.5 -> 10.5. q1 waits for the fast replica, which serves from
+    # 2 + 5 = 7 (3.0 -> 9.0); q2 waits for it too (8.0 -> 11.0). The slow replica is not
+    # counted from the decision on, and leaves after its batch.
+    np.testing.assert_array_equal(run.latencies_s, [10.0, 6.0, 3.0])
+    ticks = run.ticks_s.tolist()
+    assert run.desired[ticks.index(2.0), 0] == 1
+    assert run.ready[ticks.index(6.0), 0] == 0
+    assert run.billed[ticks.index(10.0), 0] == 2
+    assert run.billed[ticks.index(11.0), 0] == 1
+    assert run.cost_per_hour[ticks.index(2.0)] == 4.0
+    assert run.cost_per_hour[ticks.index(11.0)] == 3.0
+    # Billed: slow 0 -> 10.5 at $1/h, fast 2 -> 12 at $3/h.
+    assert run.cost_usd == pytest.approx((10.5 * 1.0 + 10.0 * 3.0) / 3600.0)
+    assert [(e.time_s, e.from_replicas, e.to_replicas, e.config) for e in run.events] == [
+        (2.0, 1, 1, fast)
+    ]
+
+
+def test_idle_replicas_of_the_old_configuration_leave_at_the_handover() -> None:
+    topology, profile = two_classes()
+    workload = Workload.build(topology, profile, [0.5, 11.0])
+
+    def step(observation: Observation, state: None) -> tuple[tuple[int | StageConfig, ...], None]:
+        swap = observation.now_s == 1.0
+        return ((StageConfig("fast", 1, 2) if swap else observation.stages[0].desired),), state
+
+    run = run_closed_loop(
+        topology, profile, workload, Policy("swap", (StageConfig("slow", 1, 3),), step), 14.0
+    )
+    ticks = run.ticks_s.tolist()
+    assert run.billed[ticks.index(5.0), 0] == 5  # 3 slow serve on while 2 fast start
+    assert run.billed[ticks.index(6.0), 0] == 3  # at 6 the idle slow ones went; one is busy
+    assert run.billed[ticks.index(11.0), 0] == 2
+    np.testing.assert_array_equal(run.latencies_s, [10.0, 2.0])  # q1 on a fast replica
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    script=st.lists(
+        st.one_of(
+            st.integers(1, 4), st.tuples(st.sampled_from(["slow", "fast"]), st.integers(1, 3))
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+    gaps=st.lists(st.integers(0, 40), min_size=5, max_size=60),
+    delay=st.sampled_from([0.0, 1.0, 5.0]),
+)
+def test_reconfigurations_never_drop_a_query(
+    script: list[int | tuple[str, int]], gaps: list[int], delay: float
+) -> None:
+    slow = StageProfile.from_latencies("slow", {1: 0.5, 2: 0.6})
+    fast = StageProfile.from_latencies("fast", {1: 0.2, 2: 0.3, 4: 0.4})
+    topology = Topology.chain(["a", "b"])
+    profile = PipelineProfile({m: {"slow": slow, "fast": fast} for m in ("a", "b")})
+    workload = Workload.build(topology, profile, np.cumsum(np.array(gaps) * 0.05))
+    targets = {
+        float(k + 1): t if isinstance(t, int) else StageConfig(t[0], 2, t[1])
+        for k, t in enumerate(script)
+    }
+
+    def step(observation: Observation, state: None) -> tuple[tuple[int | StageConfig, ...], None]:
+        target = targets.get(observation.now_s, observation.stages[0].desired)
+        return (target, observation.stages[1].desired), state
+
+    policy = Policy("flap", (StageConfig("slow", 2, 2), StageConfig("fast", 4, 1)), step)
+    run = run_closed_loop(
+        topology, profile, workload, policy, duration_s=len(script) + 2.0,
+        settings=EngineSettings(activation_delay_s=delay),
+    )  # fmt: skip
+    assert np.all(np.isfinite(run.latencies_s))  # every query answered
+    assert np.all(run.latencies_s >= 0.2 + 0.2 - 1e-12)
+    assert np.all(run.ready <= run.desired)
+    assert np.all(run.desired <= run.billed)
+
+
+def test_the_replanning_tuner_changes_batch_or_hardware_when_that_is_cheaper() -> None:
+    """Load steps from 40 to 200 rps and stays: replicas of the planned batch 4 cost more
+    than the plan for 200 rps (batch 2), which the re-planning tuner adopts."""
+    profile = PipelineProfile(
+        {
+            "m": {
+                "small": StageProfile.from_latencies("small", {1: 0.02, 2: 0.04, 4: 0.08}),
+                "big": StageProfile.from_latencies("big", {1: 0.02, 2: 0.021, 4: 0.022, 8: 0.024}),
+            }
+        },
+        hop_s=0.001,
+    )
+    problem = PlanningProblem(
+        Topology.from_deps({"m": []}, "m"),
+        profile,
+        {"small": 0.05, "big": 0.2},
+        0.1,
+        np.array([0.0, 1.0]),
+    )
+    trace = ramp_trace(
+        40.0, 200.0, warm_s=30.0, ramp_s=10.0, hold_s=120.0, tail_s=10.0, planning_s=30.0, seed=1
+    )
+    settings = SimulationSettings(replan=ReplanSettings(interval_s=20.0, lookback_s=20.0))
+    both = simulate(problem, [trace], policies=("inferline", "inferline-replan"), settings=settings)
+    tuner, replanning = both.result("ramp", "inferline"), both.result("ramp", "inferline-replan")
+    assert tuner is not None and replanning is not None
+    planned = (replanning.config[0].hardware, replanning.config[0].max_batch)
+    changes = [e.config for e in replanning.run.events if e.config is not None]
+    assert changes and all((c.hardware, c.max_batch) != planned for c in changes[:1])
+    assert replanning.cost_usd < 0.8 * tuner.cost_usd
+    assert replanning.attainment >= tuner.attainment - 0.001
+    assert np.all(np.isfinite(replanning.run.latencies_s))
+
+
+def test_replanning_waits_for_a_steady_rate() -> None:
+    settings = ReplanSettings(lookback_s=60.0, max_drift=0.1)
+    steady = np.linspace(0.0, 60.0, 6001)[:-1]
+    climbing = np.sqrt(np.linspace(0.0, 3600.0, 6000))  # the rate doubles within the minute
+    assert settings.steady(steady)
+    assert not settings.steady(climbing)
+    assert not settings.steady(np.array([]))
+    with pytest.raises(ValueError, match="min_saving"):
+        ReplanSettings(min_saving=1.0)
 
 
 # -- the baselines' arithmetic --------------------------------------------------------------
