@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from sloline.planner.plan import Plan
     from sloline.planner.profile import PipelineProfile
     from sloline.planner.session import PlanningSession
+    from sloline.tuner.replan import ReplanSettings
 
 EXIT_INVALID = 2
 CALIBRATION_WARMUP_BATCHES = 20  # `run --calibration-out`: each stage's first batches warm up
@@ -128,6 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         log_dir=Path(args.log_dir) if args.log_dir else None,
         tuner=not args.no_tuner,
         worker_nice=args.worker_nice,
+        replan=_replan_settings(args),
     )
     if not 0 <= args.worker_nice <= 19:
         raise _flag_error("--worker-nice", f"must be 0-19, got {args.worker_nice}")
@@ -137,18 +139,44 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.calibration_out and not Path(args.calibration_out).resolve().parent.is_dir():
         raise _flag_error("--calibration-out", f"{args.calibration_out}: no such directory")
     calibration = _load_calibration(args, loaded)  # rejected before profiling
-    plan = profile = None
+    plan = profile = problem = None
     if not args.no_plan:
         check_models(loaded)
         profile = _profile(args, loaded)
         if profile.overhead is not None:  # plan for the workers' priority they will run at
             overhead = replace(profile.overhead, worker_nice=args.worker_nice)
             profile = replace(profile, overhead=overhead)
-        plan = _plan(args, loaded, profile, calibration).plan
+        session = _plan(args, loaded, profile, calibration)
+        plan, problem = session.plan, session.problem
         print(plan.to_table())
     configs = stage_configs(loaded, settings, plan)
-    pipeline = EmbeddedPipeline(loaded, settings, configs=configs, plan=plan)
+    pipeline = EmbeddedPipeline(loaded, settings, configs=configs, plan=plan, problem=problem)
     return process.run(_serve(pipeline, args, profile))
+
+
+def _replan_settings(args: argparse.Namespace) -> ReplanSettings | None:
+    """``--replan``'s settings; rejected where it cannot work: it re-plans the tuner's
+    plan, and flags that fix a stage's hardware, batch or replicas would be overridden."""
+    from sloline.tuner.replan import ReplanSettings
+
+    if args.replan is None:
+        return None
+    if not args.replan > 0:
+        raise _flag_error("--replan", f"the interval must be > 0 seconds, got {args.replan:g}")
+    for flag, given in (
+        ("--no-plan", args.no_plan),
+        ("--no-tuner", args.no_tuner),
+        ("--replicas", args.replicas),
+        ("--max-batch", args.max_batch),
+        ("--hardware", args.hardware),
+    ):
+        if given:
+            raise _flag_error(
+                "--replan",
+                f"cannot be combined with {flag}: re-planning changes what the plan and "
+                "the tuner chose (pin a stage in the pipeline spec instead)",
+            )
+    return ReplanSettings(interval_s=args.replan)
 
 
 def _calibrate(pipeline: object, profile: PipelineProfile, since: float, path: Path) -> None:
@@ -242,6 +270,14 @@ async def _serve(
                     f"tuner {now - t:4.0f}s ago: {d.stage} {d.from_replicas}->{d.to_replicas}: "
                     f"{d.reason}"
                     for t, d in list(p.tuner.history if p.tuner else [])[-3:]
+                ]
+                + [
+                    f"re-plan {now - t:4.0f}s ago: ${a.cost_per_hour:.3f}/hour for "
+                    f"{a.rate_rps:.1f} rps: "
+                    + ", ".join(
+                        f"{s.name} {s.replicas}x{s.hardware}/b{s.max_batch}" for s in a.stages
+                    )
+                    for t, a in (p.replanner.adopted if p.replanner else [])[-1:]
                 ],
             )
             if redraw and drawn:
@@ -732,6 +768,16 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
         help="skip profiling/planning: flags, spec overrides or 1 replica, batch 1",
     )
     p.add_argument("--no-tuner", action="store_true", help="keep the planned replica counts")
+    p.add_argument(
+        "--replan",
+        type=float,
+        nargs="?",
+        const=30.0,
+        default=None,
+        metavar="SECONDS",
+        help="every SECONDS (default 30), plan again on the last minute of traffic and "
+        "adopt a cheaper plan that changes a stage's hardware or batch (off by default)",
+    )
     p.add_argument(
         "--worker-nice",
         type=int,

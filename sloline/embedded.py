@@ -15,11 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 
 from sloline.backends.base import ReplicaStatus
 from sloline.backends.local import WORKER_NICE, LocalBackend, StageLaunch
+from sloline.planner.config import StageConfig as PlannedStage
 from sloline.planner.plan import Plan
+from sloline.planner.problem import PlanningProblem
 from sloline.serving.app import RouterApp
 from sloline.serving.metrics import TunerMetrics
 from sloline.serving.router import RouterSettings
@@ -27,7 +30,8 @@ from sloline.serving.server import ServerSettings
 from sloline.spec import DEFAULT_CATALOG, HardwareCatalog, LoadedPipeline, PipelineError
 from sloline.spec.validate import Issue
 from sloline.tuner.policy import TunerSettings
-from sloline.tuner.sources import StreamingSource, Tuner, stage_tunings
+from sloline.tuner.replan import Replanner, ReplanSettings
+from sloline.tuner.sources import StageTuning, StreamingSource, Tuner, stage_tunings
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,9 @@ class EmbeddedSettings:
     tuner_interval_s: float = 1.0
     tuner_overrides: Mapping[str, float] = field(default_factory=dict)  # TunerSettings fields
     max_replicas: int = field(default_factory=default_max_replicas)
+    # Re-plan hardware and batch sizes on recent traffic (None: off); needs the tuner, a
+    # plan and its planning problem, and no flag overrides.
+    replan: ReplanSettings | None = None
 
 
 def check_models(loaded: LoadedPipeline) -> None:
@@ -136,11 +143,14 @@ class EmbeddedPipeline:
         *,
         configs: Mapping[str, StageConfig] | None = None,
         plan: Plan | None = None,
+        problem: PlanningProblem | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.loaded = loaded
         self.settings = settings or EmbeddedSettings()
         self.plan = plan
+        self.problem = problem  # the plan's, for re-planning
+        self.replanner: Replanner | None = None
         check_models(loaded)
         self.configs = dict(configs or stage_configs(loaded, self.settings, plan))
         self.tuner: Tuner | None = None
@@ -188,15 +198,65 @@ class EmbeddedPipeline:
         if self.plan is not None and self.settings.tuner:
             self.tuner = self._make_tuner(self.plan, self.backend)
             self._tasks.append(asyncio.create_task(self.tuner.run(self._stop)))
+            replan = self.settings.replan
+            if replan is not None and self.problem is not None:
+                self.replanner = Replanner(
+                    problem=self.problem,
+                    plan=self.plan,
+                    serving=self,
+                    settings=replan,
+                    windows_s=self.plan.envelope.windows_s,
+                )
+                self._tasks.append(asyncio.create_task(self.replanner.run(self._stop)))
         return self
 
-    def _make_tuner(self, plan: Plan, backend: LocalBackend) -> Tuner:
-        stages = stage_tunings(
+    # -- what the re-planner drives (sloline.tuner.replan.Serving) ----------------------
+
+    def recent_arrivals(self, since_s: float) -> np.ndarray:
+        return np.sort(self.router.stats.arrivals.since(since_s))
+
+    def desired(self) -> dict[str, int]:
+        assert self.backend is not None
+        return self.backend.desired()
+
+    def scale(self, stage: str, replicas: int) -> None:
+        assert self.backend is not None
+        self.backend.scale(stage, replicas)
+
+    def reconfigure(self, stage: str, config: PlannedStage) -> None:
+        """Serve ``stage`` with another hardware class or max batch: the router gives
+        workers that join from now on batches of ``config.max_batch`` (the running ones
+        keep theirs) and the backend starts ``config.replicas`` of them; the running
+        workers serve until :meth:`handed_over`."""
+        assert self.backend is not None
+        self.router.queues[stage].max_batch = config.max_batch
+        self.backend.reconfigure(stage, self.settings.catalog.get(config.hardware), config.replicas)
+        self.configs[stage] = StageConfig(config.hardware, config.max_batch, config.replicas)
+
+    def handed_over(self, stage: str) -> bool:
+        """Once the stage's new workers are all connected, stop the old ones."""
+        assert self.backend is not None
+        outgoing = self.backend.outgoing(stage)
+        if outgoing and self.router.replicas()[stage][1] < outgoing + self.backend.desired()[stage]:
+            return False
+        self.backend.hand_over(stage)
+        return True
+
+    def adopt(self, plan: Plan) -> None:
+        self.plan = plan
+        if self.tuner is not None:
+            self.tuner.adopt(self._tunings(plan), plan.envelope, plan.rate_rps)
+
+    def _tunings(self, plan: Plan) -> list[StageTuning]:
+        return stage_tunings(
             plan,
             self.loaded.pipeline.spec.stages,
             max_replicas=self.settings.max_replicas,
             pinned=set(self.settings.replicas),
         )
+
+    def _make_tuner(self, plan: Plan, backend: LocalBackend) -> Tuner:
+        stages = self._tunings(plan)
         router = self.router
 
         class Actuator:

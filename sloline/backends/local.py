@@ -50,6 +50,7 @@ class _Replica:
     started: float
     log_path: Path
     stopping: bool = False
+    outgoing: bool = False  # of the stage's previous hardware: serves until handed over
 
 
 @dataclass(slots=True)
@@ -103,10 +104,34 @@ class LocalBackend:
         self._stages[stage].desired = replicas
         self._reconcile()
 
+    def reconfigure(self, stage: str, hardware: HardwareClass, replicas: int) -> None:
+        """Serve ``stage`` on ``hardware`` from now on: start ``replicas`` workers of it.
+        The running workers keep serving, no longer counted, until :meth:`hand_over`."""
+        if stage not in self._stages:
+            raise KeyError(f"no stage {stage!r}")
+        if replicas < 1:
+            raise ValueError("replicas must be >= 1")
+        s = self._stages[stage]
+        for replica in s.replicas:
+            replica.outgoing = True
+        s.launch = StageLaunch(stage, hardware, replicas)
+        s.desired = replicas
+        self._reconcile()
+
+    def outgoing(self, stage: str) -> int:
+        """Workers of the stage's previous hardware still running."""
+        return sum(r.outgoing and not r.stopping for r in self._stages[stage].replicas)
+
+    def hand_over(self, stage: str) -> None:
+        """Stop the previous hardware's workers (each finishes its batch first)."""
+        for replica in self._stages[stage].replicas:
+            if replica.outgoing:
+                self._terminate(replica)
+
     def status(self) -> dict[str, ReplicaStatus]:
         return {
             name: ReplicaStatus(
-                s.desired, sum(not r.stopping for r in s.replicas), s.restarts, s.last_error
+                s.desired, sum(_counted(r) for r in s.replicas), s.restarts, s.last_error
             )
             for name, s in self._stages.items()
         }
@@ -115,7 +140,7 @@ class LocalBackend:
         return {name: s.desired for name, s in self._stages.items()}
 
     def pids(self, stage: str) -> list[int]:
-        return [r.process.pid for r in self._stages[stage].replicas if not r.stopping]
+        return [r.process.pid for r in self._stages[stage].replicas if _counted(r)]
 
     async def stop(self) -> None:
         if self._monitor is not None:
@@ -194,7 +219,7 @@ class LocalBackend:
     def _reconcile(self) -> None:
         now = self.clock()
         for stage in self._stages.values():
-            live = [r for r in stage.replicas if not r.stopping]
+            live = [r for r in stage.replicas if _counted(r)]
             if len(live) > stage.desired:
                 # Stop the youngest first: they are the likeliest to still be starting.
                 for replica in sorted(live, key=lambda r: r.started)[stage.desired :]:
@@ -216,7 +241,7 @@ class LocalBackend:
                 if code is None:
                     continue
                 stage.replicas.remove(replica)
-                if replica.stopping:
+                if replica.stopping or replica.outgoing:  # an outgoing one is not replaced
                     continue
                 stage.restarts += 1
                 stage.crash_times.append(now)
@@ -230,6 +255,10 @@ class LocalBackend:
             self._reap()
             self._reconcile()
             await asyncio.sleep(self.poll_s)
+
+
+def _counted(replica: _Replica) -> bool:
+    return not (replica.stopping or replica.outgoing)
 
 
 def _tail(path: Path, lines: int = 3) -> str:

@@ -76,6 +76,26 @@ class PlanningProblem:
     max_replicas: int = DEFAULT_MAX_REPLICAS
     name: str = "pipeline"
 
+    def __reduce__(self) -> tuple[type[PlanningProblem], tuple[object, ...]]:
+        """Picklable (the re-planner plans in another process): plain dicts for the
+        read-only views, which ``__post_init__`` makes again."""
+        return (
+            PlanningProblem,
+            (
+                self.topology,
+                self.profile,
+                dict(self.hardware_costs),
+                self.slo_s,
+                self.arrivals_s,
+                self.percentile,
+                dict(self.overrides),
+                self.service,
+                self.seed,
+                self.max_replicas,
+                self.name,
+            ),
+        )
+
     def __post_init__(self) -> None:
         if not (math.isfinite(self.slo_s) and self.slo_s > 0.0):
             raise ValueError(f"the SLO must be a positive number of seconds, got {self.slo_s!r}")

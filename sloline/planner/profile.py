@@ -367,6 +367,16 @@ class PipelineProfile:
             raise ValueError(f"scale factors for unknown stages {unknown}")
         object.__setattr__(self, "scale_factors", MappingProxyType(factors))
 
+    def __reduce__(self) -> tuple[type[PipelineProfile], tuple[object, ...]]:
+        """Picklable (the re-planner plans in another process): plain dicts for the
+        read-only views, which ``__post_init__`` makes again."""
+        stages = {name: dict(per_hw) for name, per_hw in self.stages.items()}
+        factors = dict(self.scale_factors)
+        return (
+            PipelineProfile,
+            (stages, factors, self.hop_s, self.visits, self.visit_stages, self.overhead),
+        )
+
     def _visit_means(self) -> dict[str, float]:
         if self.visits is None:
             if self.visit_stages:

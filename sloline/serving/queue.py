@@ -67,6 +67,9 @@ class StageQueue:
         self._idle: deque[Hashable] = deque()  # workers holding a credit, longest idle first
         self._busy: dict[Hashable, Dispatch] = {}
         self._draining: set[Hashable] = set()
+        # Each worker's batch limit: `max_batch` when it joined. A re-planned stage changes
+        # `max_batch` for the workers of its new configuration; the old ones keep theirs.
+        self._limits: dict[Hashable, int] = {}
         self._batch_ids = count(1)
 
     def __len__(self) -> int:
@@ -96,6 +99,7 @@ class StageQueue:
             raise ValueError(f"worker {worker!r} is already registered on {self.stage!r}")
         self._draining.discard(worker)
         self._idle.append(worker)
+        self._limits[worker] = self.max_batch
         return self._dispatch(now, Step())
 
     def worker_done(self, worker: Hashable, batch_id: int, now: float) -> Step:
@@ -124,6 +128,7 @@ class StageQueue:
         """The worker is gone. Its in-flight batch goes back to the head of the queue in
         order, once; items that already had `max_attempts` tries fail instead."""
         self._draining.discard(worker)
+        self._limits.pop(worker, None)
         if worker in self._idle:
             self._idle.remove(worker)
         step = Step()
@@ -154,7 +159,8 @@ class StageQueue:
         items = self._items
         while self._idle and items:
             batch: list[WorkItem] = []
-            while items and len(batch) < self.max_batch:
+            limit = self._limits.get(self._idle[0], self.max_batch)
+            while items and len(batch) < limit:
                 item = items.popleft()
                 if item.cancelled or item.deadline <= now:
                     step.expired.append(item)

@@ -213,6 +213,7 @@ class Router:
         self._check_name(request.model_name)
         inputs, batched = self._validate(request.inputs)
         now = self.clock()
+        self.stats.arrivals.add(now, now)
         if self._on_arrival is not None:
             self._on_arrival(now)
         if self.draining:

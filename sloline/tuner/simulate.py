@@ -13,9 +13,9 @@ the event simulation of :mod:`sloline.tuner.engine`, with a 5 s replica activati
   (Algorithms 3 and 4) on the streaming envelope of the arrivals so far, as the live loop;
 - ``inferline-paper``: the same ``decide`` fed §5's literal rates (r_max, raw λ_new;
   :func:`sloline.tuner.policy.estimate_load` with ``literal=True``), for comparison;
-- ``inferline-replan``: ``inferline`` plus the planner run again every minute on the
+- ``inferline-replan``: ``inferline`` plus the planner run again every 30 s on the
   last minute of arrivals, its plan adopted when it changes a stage's hardware or batch
-  and is cheaper than the replicas running (:class:`ReplanSettings`);
+  and is cheaper than the replicas running (:mod:`sloline.tuner.replan`);
 - ``cg-autoscale``: InferLine's coarse-grained baseline (§6): the CG-Mean configuration
   (whole pipeline as one unit), tuned by AutoScale;
 - ``hpa``, ``ray-serve``, ``knative-kpa``: the plan, each stage scaled by that system's
@@ -26,7 +26,6 @@ the event simulation of :mod:`sloline.tuner.engine`, with a 5 s replica activati
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
@@ -34,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from sloline.planner.baselines import cg_baseline
 from sloline.planner.config import StageConfig
@@ -59,7 +57,6 @@ from sloline.tuner.baselines import (
     ray_step,
 )
 from sloline.tuner.engine import EngineSettings, run_closed_loop
-from sloline.tuner.envelope import Envelope
 from sloline.tuner.loop import Observation, Policy, Targets
 from sloline.tuner.policy import (
     StageState,
@@ -69,13 +66,13 @@ from sloline.tuner.policy import (
     effective_rhos,
     estimate_load,
 )
+from sloline.tuner.replan import ReplanSettings, choose, plan_recent
 from sloline.tuner.report import PolicyResult, SimulationReport, recovery_times, rolling_tail
 from sloline.tuner.traces import Trace
 
 __all__ = [
     "POLICIES",
     "REACTIVE",
-    "ReplanSettings",
     "SimulationSettings",
     "build_policy",
     "simulate",
@@ -93,39 +90,6 @@ POLICIES = (
     "knative-kpa",
 )
 REACTIVE = ("cg-autoscale", "hpa", "ray-serve", "knative-kpa")
-
-
-@dataclass(frozen=True, slots=True)
-class ReplanSettings:
-    """When ``inferline-replan`` runs the planner again (docs/tuner.md, "Re-planning").
-
-    Every ``interval_s`` it plans on the arrivals of the last ``lookback_s``, if their
-    rate is steady (the look-back's two halves differ by at most ``max_drift`` of the
-    first); it adopts that plan when some stage gets another hardware class or max batch
-    and the plan costs at least ``min_saving`` less per hour than the replicas running
-    now."""
-
-    interval_s: float = 60.0
-    lookback_s: float = 60.0
-    min_saving: float = 0.10
-    max_drift: float = 0.10
-
-    def __post_init__(self) -> None:
-        if not (self.interval_s > 0.0 and self.lookback_s > 0.0):
-            raise ValueError(
-                f"interval_s and lookback_s must be > 0, got {self.interval_s}, {self.lookback_s}"
-            )
-        if not 0.0 <= self.min_saving < 1.0:
-            raise ValueError(f"min_saving must be in [0, 1), got {self.min_saving}")
-        if not self.max_drift >= 0.0:
-            raise ValueError(f"max_drift must be >= 0, got {self.max_drift}")
-
-    def steady(self, arrivals_s: npt.NDArray[np.float64]) -> bool:
-        """Whether ``arrivals_s`` (times within the look-back, from 0) hold a steady rate:
-        planning on a climb would pack the plan for a load already left behind."""
-        first = int(np.searchsorted(arrivals_s, 0.5 * self.lookback_s))
-        second = arrivals_s.size - first
-        return first > 0 and abs(second - first) <= self.max_drift * first
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,66 +202,38 @@ class _Replanning:
 def _inferline_replan(
     problem: PlanningProblem, plan: Plan, settings: TunerSettings, replan: ReplanSettings
 ) -> Policy:
-    """The InferLine tuner that also re-plans (hardware, batch and replicas) on recent
-    arrivals: InferLine re-runs its planner "periodically" (§3); here every
-    ``replan.interval_s``, and a cheaper plan with another hardware or batch replaces the
-    running one (the engine hands each changed stage over once its new replicas serve).
-    Between plans, and on stages the new plan leaves as they are, the tuner runs as in
-    ``inferline``, with the new plan's rho_m, mu_m and envelope."""
+    """The InferLine tuner that also re-plans on recent arrivals
+    (:mod:`sloline.tuner.replan`, as the live :class:`~sloline.tuner.replan.Replanner`):
+    every ``replan.interval_s``, :func:`~sloline.tuner.replan.choose` on the plan for the
+    last ``replan.lookback_s``; between plans, the tuner as in ``inferline`` on the plan
+    adopted last."""
     windows = settings.windows_s
-    prices = problem.hardware_costs
 
     def adopt(candidate: Plan, now_s: float) -> _Replanning:
-        return _Replanning(
-            candidate, _tune(problem, candidate, settings, literal=False), now_s, now_s
-        )
+        tune = _tune(problem, candidate, settings, literal=False)
+        return _Replanning(candidate, tune, now_s, now_s)
 
     def step(observation: Observation, state: _Replanning) -> tuple[Targets, _Replanning]:
         now, recent = observation.now_s, observation.recent_arrivals_s
-        if (
-            now - state.last_plan_s >= replan.interval_s
-            and now >= replan.lookback_s
-            and recent is not None
-            and recent.size > 1
-        ):
+        if now - state.last_plan_s >= replan.interval_s and recent is not None:
             state = dataclasses.replace(state, last_plan_s=now)
             arrivals = recent - (now - replan.lookback_s)
-            candidate = None
             if replan.steady(arrivals):
-                with contextlib.suppress(InfeasibleError):
-                    candidate = make_plan(dataclasses.replace(problem, arrivals_s=arrivals))
-            running = sum(
-                v.desired * prices[s.hardware]
-                for v, s in zip(observation.stages, state.plan.stages, strict=True)
-            )
-            if (
-                candidate is not None
-                and candidate.cost_per_hour <= (1.0 - replan.min_saving) * running
-            ):
-                changed = [
-                    (new.hardware, new.max_batch) != (old.hardware, old.max_batch)
-                    for new, old in zip(candidate.stages, state.plan.stages, strict=True)
-                ]
-                if any(changed):
-                    # The tuner compares envelopes at the windows the router observes.
-                    candidate = dataclasses.replace(
-                        candidate, envelope=Envelope.of_trace(arrivals, windows)
-                    )
-                    targets = tuple(
-                        StageConfig(new.hardware, new.max_batch, new.replicas)
-                        if change
-                        else max(new.replicas, view.desired)
-                        for new, view, change in zip(
-                            candidate.stages, observation.stages, changed, strict=True
-                        )
-                    )
+                candidate = plan_recent(problem, arrivals, windows)
+                desired = [v.desired for v in observation.stages]
+                targets, _ = choose(state.plan, candidate, desired, problem.hardware_costs, replan)
+                if candidate is not None and targets is not None:
                     return targets, adopt(candidate, now)
         targets, last_change_s = state.tune(observation, state.last_change_s)
         return targets, dataclasses.replace(state, last_change_s=last_change_s)
 
-    first = adopt(plan, 0.0)
     return Policy(
-        "inferline-replan", plan.config, step, first, windows, arrivals_lookback_s=replan.lookback_s
+        "inferline-replan",
+        plan.config,
+        step,
+        adopt(plan, 0.0),
+        windows,
+        arrivals_lookback_s=replan.lookback_s,
     )
 
 

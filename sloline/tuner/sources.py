@@ -318,6 +318,19 @@ class Tuner:
         self.last_change_s = clock() if last_change_s is None else last_change_s
         self.history: collections.deque[tuple[float, Decision]] = collections.deque(maxlen=50)
 
+    def adopt(
+        self,
+        stages: Sequence[StageTuning],
+        planning_envelope: Envelope,
+        planning_rate_rps: float | None,
+    ) -> None:
+        """Tune a new plan from now on (a re-plan: :mod:`sloline.tuner.replan`); adopting
+        it is a change, so nothing scales down in the next ``stabilization_s``."""
+        self._stages = tuple(stages)
+        self._planning = planning_envelope
+        self._planning_rate_rps = planning_rate_rps
+        self.last_change_s = self._clock()
+
     async def step(self) -> TunerOutcome:
         """One tick: observe, decide, apply the decisions, log their reasons."""
         now_s = self._clock()

@@ -52,6 +52,12 @@ def test_run_rejects_bad_flags_with_exit_2() -> None:
     assert result.returncode == 2 and "not a valid int" in result.stderr
     result = sloline("run", str(NOOP), "--worker-nice", "-1")
     assert result.returncode == 2 and "--worker-nice: must be 0-19, got -1" in result.stderr
+    result = sloline("run", str(NOOP), "--replan", "--no-tuner")
+    assert (
+        result.returncode == 2 and "--replan: cannot be combined with --no-tuner" in result.stderr
+    )
+    result = sloline("run", str(NOOP), "--replan", "0")
+    assert result.returncode == 2 and "--replan: the interval must be > 0 seconds" in result.stderr
 
 
 def test_calibration_flags_are_checked_before_anything_is_profiled(tmp_path: Path) -> None:

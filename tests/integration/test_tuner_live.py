@@ -5,6 +5,7 @@ load drop is answered with fewer replicas after stabilisation; no request is los
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 
@@ -15,12 +16,15 @@ from tritonclient.utils import InferenceServerException
 from sloline.planner.profiler import ProfilerSettings
 from sloline.planner.session import plan_pipeline
 from sloline.spec import DEFAULT_CATALOG, load_pipeline
-from tests.support.serve import SLEEPY, BackgroundPipeline
+from sloline.tuner.replan import ReplanSettings
+from tests.support.serve import BATCHY, SLEEPY, BackgroundPipeline
 
 PHASES = [(30.0, 8.0), (60.0, 16.0), (12.0, 16.0)]  # (rate rps, seconds): plan, 2x, drop
 
 
-async def open_loop(url: str, phases: list[tuple[float, float]], seed: int = 0):
+async def open_loop(
+    url: str, phases: list[tuple[float, float]], seed: int = 0, model: str = "sleepy"
+):
     """Poisson arrivals phase by phase; returns (send time, latency or None, error)."""
     rng = np.random.default_rng(seed)
     results: list[tuple[float, float | None, str]] = []
@@ -31,7 +35,7 @@ async def open_loop(url: str, phases: list[tuple[float, float]], seed: int = 0):
             x = grpcaio.InferInput("x", [4], "FP32")
             x.set_data_from_numpy(np.ones(4, np.float32))
             try:
-                await client.infer("sleepy", [x], parameters={"timeout_ms": 30_000})
+                await client.infer(model, [x], parameters={"timeout_ms": 30_000})
                 results.append((sent, time.monotonic() - sent, ""))
             except InferenceServerException as exc:
                 results.append((sent, None, str(exc)))
@@ -99,3 +103,45 @@ def test_load_step_scales_up_then_down(tmp_path: Path, record_property) -> None:
         f"{max(0.0, restored_at - step_at):.0f}s after the step; scale-down "
         f"{min(after) - drop_at:.1f}s after the drop; {sent} requests, 0 lost"
     )
+
+
+def test_replanning_hands_a_stage_over_to_a_cheaper_batch_size(tmp_path: Path) -> None:
+    """Served with a plan that is dearer than the traffic needs (batch 1, 3 replicas,
+    where the planner would run one replica at batch 8), the re-planner plans on the
+    last seconds of steady traffic, adopts batch 8, starts its worker and stops the old
+    three once it serves; no request is lost and every batch after the handover may hold
+    up to 8 requests."""
+    loaded = load_pipeline(BATCHY)
+    session = plan_pipeline(
+        loaded, DEFAULT_CATALOG, ProfilerSettings(max_batch_cap=8, cache_dir=tmp_path)
+    )
+    planned = session.plan.stage("work")
+    assert (planned.max_batch, planned.replicas) == (8, 1)  # what the re-plan should return to
+    dear = dataclasses.replace(
+        planned, max_batch=1, replicas=3, cost_per_hour=3 * planned.cost_per_hour
+    )
+    plan = dataclasses.replace(session.plan, stages=(dear,), cost_per_hour=dear.cost_per_hour)
+    replan = ReplanSettings(interval_s=6.0, lookback_s=6.0, max_drift=0.3)
+    with BackgroundPipeline(
+        BATCHY, plan=plan, problem=session.problem, replan=replan, tuner={"stabilization_s": 60.0}
+    ) as served:
+        _, results = asyncio.run(open_loop(served.grpc_url, [(60.0, 20.0)], model="batchy"))
+        replanner, backend, router = served.p.replanner, served.p.backend, served.p.router
+        assert replanner is not None and backend is not None
+        adopted = [p.stage("work") for _, p in replanner.adopted]
+        deadline = time.monotonic() + 20.0
+        while router.replicas()["work"] != (backend.desired()["work"],) * 2:
+            assert time.monotonic() < deadline, (router.replicas(), backend.outgoing("work"))
+            time.sleep(0.2)
+        outgoing, (desired, connected) = backend.outgoing("work"), router.replicas()["work"]
+        limit = router.queues["work"].max_batch
+        history = list(served.p.tuner.history) if served.p.tuner else []
+    failed = [r for r in results if r[1] is None]
+    assert len(results) > 900 and not failed, failed[:3]
+    assert adopted, "no plan adopted"
+    assert (adopted[0].max_batch, adopted[0].replicas) == (8, 1)
+    assert limit == 8
+    assert outgoing == 0, "the batch-1 workers were not stopped"
+    # Connected: the new configuration's workers only; the tuner, on the new plan, may
+    # have added one above it (before the re-plan it had scaled the batch-1 stage up).
+    assert connected == desired <= 2, history

@@ -15,14 +15,17 @@ from typing import Any, TypeVar
 
 from sloline.embedded import EmbeddedPipeline, EmbeddedSettings
 from sloline.planner.plan import Plan
+from sloline.planner.problem import PlanningProblem
 from sloline.serving.router import RouterSettings
 from sloline.serving.server import ServerSettings
 from sloline.spec import load_pipeline
+from sloline.tuner.replan import ReplanSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 NOOP = ROOT / "tests" / "support" / "pipelines" / "noop" / "pipeline.yaml"
 SLEEPY = ROOT / "tests" / "support" / "pipelines" / "sleepy" / "pipeline.yaml"
+BATCHY = ROOT / "tests" / "support" / "pipelines" / "batchy" / "pipeline.yaml"
 T = TypeVar("T")
 
 
@@ -46,6 +49,8 @@ class BackgroundPipeline:
         plan: Plan | None = None,
         tuner: Mapping[str, float] | None = None,
         run_tuner: bool = True,
+        problem: PlanningProblem | None = None,
+        replan: ReplanSettings | None = None,
     ) -> None:
         self.settings = EmbeddedSettings(
             server=ServerSettings(http_port=0, grpc_port=0, max_body_bytes=max_body_bytes),
@@ -56,8 +61,10 @@ class BackgroundPipeline:
             max_batch=max_batch or {},
             tuner_overrides=tuner or {},
             tuner=run_tuner,
+            replan=replan,
         )
         self.plan = plan
+        self.problem = problem
         self.loaded = load_pipeline(path)
         self.ready_timeout_s = ready_timeout_s
         self.loop = asyncio.new_event_loop()
@@ -72,7 +79,9 @@ class BackgroundPipeline:
         self.thread.start()
 
         async def start() -> EmbeddedPipeline:
-            pipeline = EmbeddedPipeline(self.loaded, self.settings, plan=self.plan)
+            pipeline = EmbeddedPipeline(
+                self.loaded, self.settings, plan=self.plan, problem=self.problem
+            )
             await pipeline.__aenter__()
             await pipeline.wait_ready(self.ready_timeout_s)
             return pipeline

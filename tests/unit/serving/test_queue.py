@@ -96,6 +96,20 @@ def test_idle_worker_takes_min_of_queue_and_max_batch() -> None:
     assert [i.request for i in step.dispatches[0].items] == [3, 4]
 
 
+def test_a_worker_keeps_the_batch_limit_it_joined_with() -> None:
+    """A re-planned stage's new workers take batches of its new max batch; the workers of
+    the old configuration keep theirs until they leave."""
+    q = StageQueue("s", max_batch=1, capacity=20)
+    for i in range(8):
+        q.push(WorkItem(i, {}, deadline=100), 0)
+    old = q.add_worker("old", 0).dispatches
+    q.max_batch = 4
+    new = q.add_worker("new", 0).dispatches
+    assert [[i.request for i in d.items] for d in old + new] == [[0], [1, 2, 3, 4]]
+    again = q.worker_done("old", old[0].batch_id, 1).dispatches
+    assert [(d.worker, [i.request for i in d.items]) for d in again] == [("old", [5])]
+
+
 def test_dead_worker_batch_requeued_at_head_then_failed() -> None:
     q = StageQueue("s", max_batch=2, capacity=10)
     a, b, c = (WorkItem(i, {}, deadline=100) for i in range(3))

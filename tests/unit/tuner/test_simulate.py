@@ -35,14 +35,9 @@ from sloline.tuner.baselines import (
 )
 from sloline.tuner.engine import EngineSettings, run_closed_loop
 from sloline.tuner.loop import Observation, Policy, StageView
+from sloline.tuner.replan import ReplanSettings
 from sloline.tuner.report import SimulationReport, recovery_times, rolling_tail
-from sloline.tuner.simulate import (
-    POLICIES,
-    ReplanSettings,
-    SimulationSettings,
-    build_policy,
-    simulate,
-)
+from sloline.tuner.simulate import POLICIES, SimulationSettings, build_policy, simulate
 from sloline.tuner.traces import (
     Trace,
     autoscale_trace,

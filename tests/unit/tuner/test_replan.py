@@ -1,0 +1,89 @@
+"""The re-planning rule (sloline.tuner.replan): when a plan made on recent traffic is
+adopted, and what adopting it asks of each stage; and that a planning problem crosses to
+the planner's process intact."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import numpy as np
+import pytest
+
+from sloline.planner.config import StageConfig
+from sloline.planner.plan import Plan
+from sloline.planner.planner import plan
+from sloline.planner.synthetic import random_problem
+from sloline.tuner.replan import ReplanSettings, choose
+
+PRICES = {"cpu-1": 0.05, "cpu-2": 0.10}
+
+
+def with_stages(base: Plan, *stages: tuple[str, str, int, int]) -> Plan:
+    """``base`` with (name, hardware, max batch, replicas) per stage and its cost."""
+    planned = tuple(
+        dataclasses.replace(
+            base.stages[0],
+            name=name,
+            hardware=hw,
+            max_batch=batch,
+            replicas=n,
+            cost_per_hour=n * PRICES[hw],
+        )
+        for name, hw, batch, n in stages
+    )
+    return dataclasses.replace(
+        base, stages=planned, cost_per_hour=sum(s.cost_per_hour for s in planned)
+    )
+
+
+@pytest.fixture(scope="module")
+def base() -> Plan:
+    return plan(random_problem(1, duration_s=10.0))
+
+
+def test_a_cheaper_plan_with_another_batch_is_adopted_stage_by_stage(base: Plan) -> None:
+    running = with_stages(base, ("a", "cpu-1", 16, 1), ("b", "cpu-1", 16, 3))
+    # The tuner runs 1 and 6 replicas now ($0.35/h); the new plan: b at batch 8 x 4 ($0.25/h).
+    candidate = with_stages(base, ("a", "cpu-1", 16, 1), ("b", "cpu-1", 8, 4))
+    targets, why = choose(running, candidate, [1, 6], PRICES, ReplanSettings())
+    assert targets == (1, StageConfig("cpu-1", 8, 4))
+    assert "$0.250/hour (running $0.350/hour): b 4 x cpu-1 batch 8" in why
+
+
+def test_an_unchanged_stage_keeps_the_replicas_it_runs(base: Plan) -> None:
+    running = with_stages(base, ("a", "cpu-1", 16, 1), ("b", "cpu-2", 16, 2))
+    candidate = with_stages(base, ("a", "cpu-1", 16, 1), ("b", "cpu-1", 16, 2))
+    assert choose(running, candidate, [3, 2], PRICES, ReplanSettings())[0] == (
+        3,
+        StageConfig("cpu-1", 16, 2),
+    )
+
+
+def test_not_adopted_when_the_saving_is_small_or_only_replicas_change(base: Plan) -> None:
+    running = with_stages(base, ("a", "cpu-1", 16, 2))
+    settings = ReplanSettings(min_saving=0.1)
+    # 5 % cheaper than the 2 replicas running: below min_saving.
+    cheaper = dataclasses.replace(with_stages(base, ("a", "cpu-1", 8, 2)), cost_per_hour=0.095)
+    targets, why = choose(running, cheaper, [2], PRICES, settings)
+    assert targets is None
+    assert why.endswith("rps costs $0.095/hour, the replicas running $0.100/hour")
+    # Fewer replicas of the same configuration: the tuner's business.
+    fewer = with_stages(base, ("a", "cpu-1", 16, 1))
+    assert choose(running, fewer, [2], PRICES, settings)[0] is None
+    assert choose(running, None, [2], PRICES, settings)[0] is None  # infeasible
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="interval_s"):
+        ReplanSettings(interval_s=0.0)
+    with pytest.raises(ValueError, match="max_drift"):
+        ReplanSettings(max_drift=-0.1)
+
+
+def test_a_planning_problem_pickles_to_the_same_plan() -> None:
+    problem = random_problem(3, duration_s=10.0)
+    again = pickle.loads(pickle.dumps(problem))  # noqa: S301 - our own bytes
+    assert dict(again.hardware_costs) == dict(problem.hardware_costs)
+    np.testing.assert_array_equal(again.arrivals_s, problem.arrivals_s)
+    assert plan(again).config == plan(problem).config
