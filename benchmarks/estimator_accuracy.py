@@ -1252,6 +1252,13 @@ def main() -> None:
         help="only estimate the cells of a results file again with this estimator and "
         "rewrite it (no serving; the measurements stay)",
     )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the results here (default: benchmarks/results/estimator_accuracy.json, "
+        "or estimator_accuracy.quick.raw.json with --quick)",
+    )
     args = parser.parse_args()
     if args.client_diagnostic is not None:
         client_diagnostic(args.client_diagnostic)
@@ -1356,7 +1363,7 @@ def main() -> None:
     print(f"\nruntime {report['runtime_s']:.0f} s; load average {loads[0]} -> {loads[1]}")
     RESULTS.mkdir(exist_ok=True)
     quick = "estimator_accuracy.quick.raw.json"
-    out = RESULTS / (quick if args.quick else "estimator_accuracy.json")
+    out = args.out or RESULTS / (quick if args.quick else "estimator_accuracy.json")
     out.write_text(json.dumps(report, indent=1, default=_json_default) + "\n")
     print(f"wrote {out}", file=sys.stderr)
 
