@@ -217,11 +217,9 @@ class SlolineSystem:
         # A fixed configuration, the same as every other system's: no planning, no tuner
         # (`sloline run` would otherwise profile, plan and autoscale replicas under the
         # benchmark's load), one replica per stage, the given max batch.
-        # A status interval longer than the run rather than 0: with 0, `sloline run`'s
-        # status loop spins on `wait_for(stop.wait(), 0)` and burns a core (reported).
         argv = [sys.executable, "-m", "sloline", "run", str(self.pipeline_file),
                 "--port", str(self.port), "--grpc-port", str(grpc_port), "--no-plan",
-                "--no-tuner", "--status-interval", "86400", "--duration", "3600",
+                "--no-tuner", "--status-interval", "0", "--duration", "3600",
                 "--worker-nice", "0",  # as Ray's replicas (RAY_ENV)
                 "--log-dir", str(self.run_dir / "sloline-workers")]  # fmt: skip
         for stage, batch in self.max_batch.items():
