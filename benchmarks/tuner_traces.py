@@ -72,7 +72,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 IMAGES = ROOT / "docs" / "img"
 STARTUP = RESULTS / "worker_startup.json"
 INFERLINE_DELAY_S = 5.0  # InferLine §5: the activation time of a new replica
-TUNERS = ("inferline", "inferline-paper")
+TUNERS = ("inferline", "inferline-paper", "inferline-replan")
 BASE_RPS = 150.0
 HOP_S = 0.001
 GPU_SLOWDOWN = 4.0  # Clockwork (V100-class) -> K80-class, InferLine's accelerator
@@ -530,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     rows = [row for d, rep in reports for p in TUNERS for row in verdicts(rep, p, d)]
     cost_matched = [row for d, rep in reports for row in matched(rep, swept, d)]
+    replan_matched = [
+        row for d, rep in reports for row in matched(rep, swept, d, policy="inferline-replan")
+    ]
     tuner_cost = {
         (r["activation_delay_s"], r["pipeline"], r["trace"]): r["cost_usd"] for r in cost_matched
     }
@@ -537,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     print(verdict_table(rows))
     print("\n## Miss rate against cost-matched baselines (every knob setting)\n")
     print(matched_table(cost_matched))
+    print("\n## The same for the re-planning tuner (inferline-replan; simulation only)\n")
+    print(matched_table(replan_matched))
     print("\n## Knob sweep: mean cost and miss rate per setting\n")
     print(knob_summary(swept, tuner_cost))
     print(f"\nruntime: {elapsed:.0f} s on {os.cpu_count()} CPUs")
@@ -571,6 +576,11 @@ def main(argv: list[str] | None = None) -> int:
                 "tail_s": r.tail_s,
                 "recovery_s": [None if np.isinf(v) else v for v in r.recovery_s],
                 "scale_events": r.scale_events,
+                "reconfigurations": [
+                    [e.time_s, e.stage, e.config.hardware, e.config.max_batch, e.to_replicas]
+                    for e in r.run.events
+                    if e.config is not None
+                ],
                 "config": [[c.hardware, c.max_batch, c.replicas] for c in r.config],
                 "max_replicas": [int(v) for v in r.run.desired.max(axis=0)],
             }
@@ -582,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": rows,
         "knob_sweep": swept,
         "cost_matched": cost_matched,
+        "cost_matched_replan": replan_matched,
     }
     out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {out.relative_to(ROOT)}")

@@ -179,7 +179,8 @@ class Replanner:
         self._poll_s = poll_s
         self._log = logger
         self._pending: set[str] = set()
-        self.adopted: list[tuple[float, Plan]] = []
+        self.adopted: list[tuple[float, Plan]] = []  # (time, plan)
+        self.handed_over: list[tuple[float, str]] = []  # (time, stage)
 
     async def step(self, pool: concurrent.futures.Executor | None) -> Plan | None:
         """One re-plan: returns the adopted plan, or None."""
@@ -226,6 +227,7 @@ class Replanner:
         for name in list(self._pending):
             if self._serving.handed_over(name):
                 self._pending.discard(name)
+                self.handed_over.append((self._clock(), name))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Re-plan every ``interval_s`` until ``stop``; a failed re-plan is logged, not fatal."""
