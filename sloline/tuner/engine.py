@@ -29,7 +29,11 @@ effect at once: it cancels starting replicas first (youngest first), then remove
 ones (youngest first), then marks busy ones to leave after their batch — queued work
 always stays queued, so no query is ever dropped. Idle replicas take work lowest id
 first (index packing, as AutoScale's load balancer does), which leaves the youngest
-replicas idle to be removed.
+replicas idle to be removed. A target may also be a configuration (another hardware class
+or max batch, :mod:`sloline.tuner.replan`): its replicas start as a scale-up's; the stage's
+current replicas serve on, each with its own batch limit and service times, uncounted,
+until every new one serves, then leave as a scale-down's (a rolling update with surge).
+Cost is billed per replica at its own hardware's price.
 
 Pure: no I/O, no clock, no global state; deterministic for the same inputs and seed
 (heap ties break by sequence number).
