@@ -27,6 +27,7 @@ from sloline.serving.app import RouterApp
 from sloline.serving.metrics import TunerMetrics
 from sloline.serving.router import RouterSettings
 from sloline.serving.server import ServerSettings
+from sloline.serving.stats import Ring
 from sloline.spec import DEFAULT_CATALOG, HardwareCatalog, LoadedPipeline, PipelineError
 from sloline.spec.validate import Issue
 from sloline.tuner.policy import TunerSettings
@@ -39,6 +40,9 @@ class StageConfig:
     hardware: str
     max_batch: int
     replicas: int
+
+
+ARRIVALS_KEPT = 1 << 17  # arrival times the re-planner can see: a minute up to ~2000 rps
 
 
 def default_max_replicas() -> int:
@@ -200,6 +204,7 @@ class EmbeddedPipeline:
             self._tasks.append(asyncio.create_task(self.tuner.run(self._stop)))
             replan = self.settings.replan
             if replan is not None and self.problem is not None:
+                self.router.stats.arrivals = Ring(ARRIVALS_KEPT)
                 self.replanner = Replanner(
                     problem=self.problem,
                     plan=self.plan,
@@ -213,7 +218,9 @@ class EmbeddedPipeline:
     # -- what the re-planner drives (sloline.tuner.replan.Serving) ----------------------
 
     def recent_arrivals(self, since_s: float) -> np.ndarray:
-        return np.sort(self.router.stats.arrivals.since(since_s))
+        arrivals = self.router.stats.arrivals
+        assert arrivals is not None  # recorded while the re-planner runs
+        return np.sort(arrivals.since(since_s))
 
     def desired(self) -> dict[str, int]:
         assert self.backend is not None

@@ -213,7 +213,8 @@ class Router:
         self._check_name(request.model_name)
         inputs, batched = self._validate(request.inputs)
         now = self.clock()
-        self.stats.arrivals.add(now, now)
+        if (arrivals := self.stats.arrivals) is not None:
+            arrivals.add(now, now)
         if self._on_arrival is not None:
             self._on_arrival(now)
         if self.draining:

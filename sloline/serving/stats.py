@@ -62,7 +62,8 @@ class RouterStats:
     model time and CPU time, and its round trip."""
 
     def __init__(self, stages: list[str], size: int = 65536) -> None:
-        self.arrivals = Ring(size)  # every request's arrival time (the re-planner's trace)
+        # Every request's arrival time, for the re-planner; None (not recorded) unless it runs.
+        self.arrivals: Ring | None = None
         self.latency = Ring(size)
         self.errors = Ring(size // 4)
         self.stage_latency = {s: Ring(size) for s in stages}
