@@ -1,5 +1,5 @@
 """Re-planning while serving: the planner run again on the last minute of arrivals, its plan
-adopted when it changes a stage's hardware or batch and costs less than what runs.
+adopted when it changes a stage's hardware or batch and that change costs less than what runs.
 
 The tuner (Algorithms 3 and 4) only changes replica counts, with the plan's batch sizes,
 hardware and rho_m; InferLine re-runs its planner "periodically" (§3) for the rest. When
@@ -11,8 +11,10 @@ closed-loop simulation (``inferline-replan``) and the live :class:`Replanner`:
 - plan only on a **steady** look-back (:meth:`ReplanSettings.steady`): planning on a
   climb packs the plan for a load already left behind, and the tuner is the fast path;
 - adopt only when some stage gets **another hardware class or max batch** (replica
-  counts are the tuner's business) and the plan costs at least ``min_saving`` less per
-  hour than the replicas running now;
+  counts are the tuner's business) and the stages it reconfigures then cost at least
+  ``min_saving`` of the pipeline's running cost per hour less than their replicas
+  running now (a plan cheaper only in the other stages' counts saves nothing: they keep
+  their replicas);
 - a changed stage starts the new plan's replicas of its new configuration and hands
   over once they serve (the old ones finish their batches, then stop); a stage the plan
   leaves as it is keeps at least the replicas it runs, and the tuner, now on the new
@@ -57,8 +59,8 @@ class ReplanSettings:
     Every ``interval_s`` it plans on the arrivals of the last ``lookback_s``, if their
     rate is steady (the look-back's two halves differ by at most ``max_drift`` of the
     first); it adopts that plan when some stage gets another hardware class or max batch
-    and the plan costs at least ``min_saving`` less per hour than the replicas running
-    now."""
+    and the stages it reconfigures save at least ``min_saving`` of the replicas running
+    now, per hour."""
 
     interval_s: float = 30.0
     lookback_s: float = 60.0
@@ -104,28 +106,40 @@ def choose(
     """The targets that adopt ``candidate`` (per stage, topology order: a new
     configuration where its hardware or batch changes, else a replica count), or None
     when it is not adopted; and why. ``desired``: the replicas running now per stage,
-    on ``running``'s hardware."""
+    on ``running``'s hardware.
+
+    The saving that counts is the reconfigured stages': their replicas running now less
+    the candidate's replicas of them, at each class's price. The other stages keep at
+    least the replicas they run, so a candidate that is cheaper only in their counts
+    saves nothing by being adopted (the tuner scales those)."""
     if candidate is None:
         return None, "no configuration meets the SLO on the look-back's arrivals"
-    now = sum(n * prices[s.hardware] for n, s in zip(desired, running.stages, strict=True))
-    if candidate.cost_per_hour > (1.0 - settings.min_saving) * now:
-        return None, (
-            f"the plan for {candidate.rate_rps:.1f} rps costs ${candidate.cost_per_hour:.3f}"
-            f"/hour, the replicas running ${now:.3f}/hour"
-        )
     changed = [
         (new.hardware, new.max_batch) != (old.hardware, old.max_batch)
         for new, old in zip(candidate.stages, running.stages, strict=True)
     ]
     if not any(changed):
         return None, "only replica counts would change (the tuner's business)"
+    now = sum(n * prices[s.hardware] for n, s in zip(desired, running.stages, strict=True))
+    saving = sum(
+        n * prices[old.hardware] - new.replicas * prices[new.hardware]
+        for new, old, n, change in zip(
+            candidate.stages, running.stages, desired, changed, strict=True
+        )
+        if change
+    )
+    if saving < settings.min_saving * now:
+        return None, (
+            f"the plan for {candidate.rate_rps:.1f} rps would save ${saving:.3f}/hour of the "
+            f"${now:.3f}/hour running, by the stages it reconfigures"
+        )
     targets = tuple(
         StageConfig(new.hardware, new.max_batch, new.replicas) if change else max(new.replicas, n)
         for new, n, change in zip(candidate.stages, desired, changed, strict=True)
     )
     return targets, (
-        f"a plan for {candidate.rate_rps:.1f} rps at ${candidate.cost_per_hour:.3f}/hour "
-        f"(running ${now:.3f}/hour): "
+        f"a plan for {candidate.rate_rps:.1f} rps saves ${saving:.3f}/hour of the "
+        f"${now:.3f}/hour running: "
         + ", ".join(
             f"{new.name} {new.replicas} x {new.hardware} batch {new.max_batch}"
             for new, change in zip(candidate.stages, changed, strict=True)

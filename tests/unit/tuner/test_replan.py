@@ -48,7 +48,17 @@ def test_a_cheaper_plan_with_another_batch_is_adopted_stage_by_stage(base: Plan)
     candidate = with_stages(base, ("a", "cpu-1", 16, 1), ("b", "cpu-1", 8, 4))
     targets, why = choose(running, candidate, [1, 6], PRICES, ReplanSettings())
     assert targets == (1, StageConfig("cpu-1", 8, 4))
-    assert "$0.250/hour (running $0.350/hour): b 4 x cpu-1 batch 8" in why
+    assert "saves $0.100/hour of the $0.350/hour running: b 4 x cpu-1 batch 8" in why
+
+
+def test_a_saving_in_the_stages_it_leaves_as_they_are_does_not_count(base: Plan) -> None:
+    """The plan for the look-back is $0.20/hour against $0.35/hour running, but all of it
+    is b's count, which stays (the tuner's business); a's new batch saves nothing."""
+    running = with_stages(base, ("a", "cpu-1", 16, 1), ("b", "cpu-1", 16, 3))
+    candidate = with_stages(base, ("a", "cpu-1", 8, 1), ("b", "cpu-1", 16, 3))
+    targets, why = choose(running, candidate, [1, 6], PRICES, ReplanSettings())
+    assert targets is None
+    assert "would save $0.000/hour of the $0.350/hour running" in why
 
 
 def test_an_unchanged_stage_keeps_the_replicas_it_runs(base: Plan) -> None:
@@ -63,11 +73,14 @@ def test_an_unchanged_stage_keeps_the_replicas_it_runs(base: Plan) -> None:
 def test_not_adopted_when_the_saving_is_small_or_only_replicas_change(base: Plan) -> None:
     running = with_stages(base, ("a", "cpu-1", 16, 2))
     settings = ReplanSettings(min_saving=0.1)
-    # 5 % cheaper than the 2 replicas running: below min_saving.
-    cheaper = dataclasses.replace(with_stages(base, ("a", "cpu-1", 8, 2)), cost_per_hour=0.095)
-    targets, why = choose(running, cheaper, [2], PRICES, settings)
+    # One replica of 20 fewer at another batch: 5 % of what runs, below min_saving.
+    cheaper = with_stages(base, ("a", "cpu-1", 8, 19))
+    targets, why = choose(running, cheaper, [20], PRICES, settings)
     assert targets is None
-    assert why.endswith("rps costs $0.095/hour, the replicas running $0.100/hour")
+    assert why.endswith(
+        "save $0.050/hour of the $1.000/hour running, by the stages it reconfigures"
+    )
+    assert choose(running, with_stages(base, ("a", "cpu-1", 8, 17)), [20], PRICES, settings)[0]
     # Fewer replicas of the same configuration: the tuner's business.
     fewer = with_stages(base, ("a", "cpu-1", 16, 1))
     assert choose(running, fewer, [2], PRICES, settings)[0] is None
