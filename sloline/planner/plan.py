@@ -132,6 +132,9 @@ class Plan:
     rate_rps: float  # λ, mean arrival rate of the planning trace
     envelope: Envelope  # of the planning trace
     baselines: tuple[Baseline, ...] = ()
+    headroom: float = 1.0
+    """x*: the estimator says this configuration still meets the SLO on the planning
+    trace played up to this many times faster (:func:`sloline.planner.planner.headroom`)."""
 
     @property
     def config(self) -> Config:
@@ -161,6 +164,7 @@ class Plan:
                 "ratesRps": list(self.envelope.rates_rps),
             },
             "baselines": [b.to_dict() for b in self.baselines],
+            "headroom": self.headroom,
         }
 
     @classmethod
@@ -182,6 +186,7 @@ class Plan:
                 tuple(float(r) for r in envelope["ratesRps"]),
             ),
             baselines=tuple(Baseline.from_dict(b) for b in data.get("baselines", ())),
+            headroom=float(data.get("headroom", 1.0)),
         )
 
     def to_table(self) -> str:
@@ -218,7 +223,8 @@ class Plan:
             lines.append("  ".join(cells).rstrip())
         lines.append(
             f"estimated: P50 {self.p50_s * 1e3:.1f} ms, P99 {self.p99_s * 1e3:.1f} ms, "
-            f"{self.attainment:.2%} of queries within the SLO"
+            f"{self.attainment:.2%} of queries within the SLO; holds it up to "
+            f"{self.headroom:.2f}x the planned rate"
         )
         for b in self.baselines:
             ratio = f" ({b.cost_per_hour / self.cost_per_hour:.1f}x)" if self.cost_per_hour else ""

@@ -13,7 +13,8 @@ At termination the two guarantees of §4.3 hold: (1) if some configuration in th
 space meets the SLO, a valid one is returned (Algorithm 1 reaches the no-queueing
 configuration); (2) no single action lowers the cost without violating the SLO.
 
-:func:`plan` runs both, prices the CG baselines beside, and packages a :class:`Plan`.
+:func:`plan` runs both, prices the CG baselines beside, measures the plan's
+:func:`headroom`, and packages a :class:`Plan`.
 """
 
 from __future__ import annotations
@@ -376,6 +377,38 @@ def minimize_cost(
         config = best.config
 
 
+HEADROOM_MAX = 64.0  # how far headroom() looks
+HEADROOM_STEP = 1.01  # and to what precision
+
+
+def headroom(problem: PlanningProblem, config: Config) -> float:
+    """x*: how many times faster the planning trace can be played (every arrival time
+    divided by x) while ``config`` still meets the SLO in the estimator, to within
+    ``HEADROOM_STEP``, at most ``HEADROOM_MAX``; 1 if it does not meet it at 1.
+
+    The planner stops where one more action breaks the SLO, so a stage's rho_m says at
+    which utilisation it was left, not how much more the plan holds: with whole replicas
+    and batch sizes that can be a good deal more (a stage at its replica floor is often
+    nowhere near full). The tuner scales such stages from x* (``effective_rhos``).
+    Assumes feasibility falls monotonically with the rate (bisection)."""
+
+    def holds(x: float) -> bool:
+        faster = replace(problem, arrivals_s=problem.arrivals_s / x)
+        return Evaluator(faster).feasible(config)
+
+    if not holds(1.0):
+        return 1.0
+    low, high = 1.0, 2.0
+    while high <= HEADROOM_MAX and holds(high):
+        low, high = high, 2.0 * high
+    if low >= HEADROOM_MAX:
+        return HEADROOM_MAX
+    while high / low > HEADROOM_STEP:
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if holds(middle) else (low, middle)
+    return low
+
+
 def describe(problem: PlanningProblem, evaluator: Evaluator, config: Config) -> Plan:
     """Package a configuration as a :class:`Plan` with everything the tuner needs (§5)."""
     topology, profile = problem.topology, problem.profile
@@ -424,6 +457,7 @@ def describe(problem: PlanningProblem, evaluator: Evaluator, config: Config) -> 
         rate_rps=rate,
         envelope=Envelope.of_trace(problem.arrivals_s, windows),
         baselines=cg_baselines(problem, evaluator),
+        headroom=headroom(problem, config),
     )
 
 

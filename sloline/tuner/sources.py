@@ -267,6 +267,7 @@ def stage_tunings(
     rhos = effective_rhos(
         [s.rho for s in plan.stages],
         [s.replicas <= floor for s, floor in zip(plan.stages, floors, strict=True)],
+        plan.headroom,
     )
     return [
         StageTuning(

@@ -17,7 +17,15 @@ from sloline.planner.estimator import Workload, estimate
 from sloline.planner.evaluator import Evaluator
 from sloline.planner.optimum import optimal_config
 from sloline.planner.overhead import ServingOverhead
-from sloline.planner.planner import InfeasibleError, initialize, minimize_cost, plan, plan_sweep
+from sloline.planner.planner import (
+    HEADROOM_MAX,
+    HEADROOM_STEP,
+    InfeasibleError,
+    initialize,
+    minimize_cost,
+    plan,
+    plan_sweep,
+)
 from sloline.planner.problem import PlanningProblem, StageOverride
 from sloline.planner.profile import PipelineProfile, StageProfile
 from sloline.planner.synthetic import random_problem
@@ -235,6 +243,22 @@ def test_plan_carries_what_the_tuner_needs() -> None:
     assert all(b == pytest.approx(2 * a) for a, b in itertools.pairwise(windows))
     assert planned.envelope.rates_rps[-1] == pytest.approx(rate, rel=0.1)
     assert [b.name for b in planned.baselines] == ["cg-mean", "cg-peak"]
+
+
+@pytest.mark.parametrize("seed", [3, 8, 21])
+def test_headroom_is_the_rate_multiple_at_which_the_plan_stops_meeting_the_slo(
+    seed: int,
+) -> None:
+    problem = random_problem(seed, duration_s=20.0)
+    planned = plan(problem)
+
+    def holds(x: float) -> bool:
+        faster = dataclasses.replace(problem, arrivals_s=problem.arrivals_s / x)
+        return Evaluator(faster).feasible(planned.config)
+
+    x = planned.headroom
+    assert 1.0 <= x < HEADROOM_MAX
+    assert holds(x) and not holds(x * HEADROOM_STEP)
 
 
 def test_cg_baselines_replicate_the_whole_pipeline() -> None:
