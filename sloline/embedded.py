@@ -164,12 +164,16 @@ class EmbeddedPipeline:
         self.backend: LocalBackend | None = None
         # The plan's envelope windows, so observed and planned envelopes compare window by
         # window (without a plan, RouterApp's default windows).
+        # The λ windows of Algorithm 4 as the tuner will read them (its window base, here a
+        # placeholder, comes from the plan).
+        tuner = TunerSettings(1.0, **self.settings.tuner_overrides)  # type: ignore[arg-type]
         self.app = RouterApp(
             loaded,
             max_batch={n: c.max_batch for n, c in self.configs.items()},
             server=self.settings.server,
             router=self.settings.router,
             plan_envelope=plan.envelope if plan else None,
+            lambda_windows_s=(tuner.lambda_window_s, tuner.lambda_lookback_s),
             registry=registry,
             desired_replicas=lambda: self.backend.desired() if self.backend else {},
             cost_per_hour=lambda: {

@@ -45,6 +45,7 @@ class RouterApp:
         server: ServerSettings,
         router: RouterSettings,
         plan_envelope: Envelope | None = None,
+        lambda_windows_s: tuple[float, float] = (5.0, 30.0),
         registry: CollectorRegistry | None = None,
         desired_replicas: Callable[[], Mapping[str, int]] | None = None,
         cost_per_hour: Callable[[], Mapping[str, float]] | None = None,
@@ -58,7 +59,11 @@ class RouterApp:
         slo = loaded.pipeline.spec.slo
         slo_s = slo.latency_ms / 1000.0
         windows_s = plan_envelope.windows_s if plan_envelope else default_windows_s(slo_s)
-        self.envelope = StreamingEnvelope(windows_s, start_s=clock())
+        # Algorithm 4's λ windows (width, look-back) as the tuner reads them.
+        width_s, lookback_s = lambda_windows_s
+        self.envelope = StreamingEnvelope(
+            windows_s, start_s=clock(), lambda_window_s=width_s, lambda_lookback_s=lookback_s
+        )
         self.router = Router(
             loaded.graph,
             max_batch=max_batch,

@@ -65,6 +65,8 @@ def test_load_step_scales_up_then_down(tmp_path: Path, record_property) -> None:
         "envelope_lookback_s": 6.0,
     }
     with BackgroundPipeline(SLEEPY, plan=session.plan, tuner=tuner) as served:
+        # The router counts arrivals in the λ windows the tuner reads (Alg. 4's λ_new).
+        assert served.p.envelope.lambda_window_s == tuner["lambda_window_s"]
         start, results = asyncio.run(open_loop(served.grpc_url, PHASES))
         history = list(served.p.tuner.history) if served.p.tuner else []
     step_at = start + PHASES[0][1]
