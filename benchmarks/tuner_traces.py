@@ -37,6 +37,7 @@ per baseline, a smoke test of every code path, no PNGs).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -221,6 +222,20 @@ def spike_bound(problem: PlanningProblem, trace: Trace, delay_s: float) -> float
     return float(np.count_nonzero(run.latencies_s <= problem.slo_s)) / run.latencies_s.size
 
 
+def _targets(
+    report: SimulationReport, own: PolicyResult, oracle: PolicyResult, delay_s: float
+) -> dict[str, Any]:
+    """The run's identity and its first two targets' measures."""
+    return {
+        "activation_delay_s": delay_s,
+        "pipeline": report.pipeline,
+        "trace": own.trace,
+        "policy": own.policy,
+        "attainment": own.attainment,
+        "cost_vs_oracle": own.cost_usd / oracle.cost_usd,
+    }
+
+
 def verdicts(report: SimulationReport, policy: str, delay_s: float) -> list[dict[str, Any]]:
     """The issue's targets for ``policy`` on every trace.
 
@@ -240,12 +255,7 @@ def verdicts(report: SimulationReport, policy: str, delay_s: float) -> list[dict
         cheaper = [r for r in reactive if r.cost_usd <= own.cost_usd]
         rows.append(
             {
-                "activation_delay_s": delay_s,
-                "pipeline": report.pipeline,
-                "trace": trace.name,
-                "policy": policy,
-                "attainment": own.attainment,
-                "cost_vs_oracle": own.cost_usd / oracle.cost_usd,
+                **_targets(report, own, oracle, delay_s),
                 "best_reactive": best.policy,
                 "best_reactive_miss": best.miss_rate,
                 "best_reactive_cost_vs_own": best.cost_usd / own.cost_usd,
@@ -490,12 +500,76 @@ def knob_summary(swept: list[dict[str, Any]], tuner_cost: dict[tuple[Any, ...], 
     return "\n".join(lines)
 
 
+SEED_POLICIES = ("oracle", "inferline", "inferline-replan")
+
+
+def tuner_rows(report: SimulationReport, seed: int, delay_s: float) -> list[dict[str, Any]]:
+    """Per trace and tuner of ``report``: attainment and cost / oracle (the first two
+    targets), tagged with the seed and the activation delay."""
+    rows = []
+    for trace in report.traces:
+        oracle = report.result(trace.name, "oracle")
+        for policy in SEED_POLICIES[1:]:
+            own = report.result(trace.name, policy)
+            if own is None or oracle is None:
+                continue
+            rows.append({"seed": seed, **_targets(report, own, oracle, delay_s)})
+    return rows
+
+
+def seed_rows(name: str, seed: int, delay_s: float, scale: float) -> list[dict[str, Any]]:
+    """:func:`tuner_rows` on the traces of another seed (the tuners and the oracle only)."""
+    problem = cpu_text() if name == "cpu-text" else gpu_cascade()
+    traces = standard_traces(BASE_RPS, scale=scale, seed=seed)
+    settings = SimulationSettings(activation_delay_s=delay_s)
+    return tuner_rows(
+        simulate(problem, traces, policies=SEED_POLICIES, settings=settings), seed, delay_s
+    )
+
+
+def seed_table(rows: list[dict[str, Any]]) -> str:
+    """Per trace and tuner over the seeds: how many met each target, the worst and the
+    median attainment and cost / oracle."""
+    lines = [
+        "| activation | pipeline | trace | policy | seeds | attainment >= 99% | attainment "
+        "worst, median | cost <= 1.25x oracle | cost / oracle worst, median |",
+        "|---:|---|---|---|---:|---:|---|---:|---|",
+    ]
+    keys = dict.fromkeys(
+        (r["activation_delay_s"], r["pipeline"], r["trace"], r["policy"]) for r in rows
+    )
+    for delay, pipeline, trace, policy in keys:
+        mine = [
+            r
+            for r in rows
+            if (r["activation_delay_s"], r["pipeline"], r["trace"], r["policy"])
+            == (delay, pipeline, trace, policy)
+        ]
+        att = np.array([r["attainment"] for r in mine])
+        cost = np.array([r["cost_vs_oracle"] for r in mine])
+        lines.append(
+            f"| {delay:g} s | {pipeline} | {trace} | {policy} | {len(mine)} "
+            f"| {int(np.sum(att >= 0.99))} | {att.min():.2%}, {np.median(att):.2%} "
+            f"| {int(np.sum(cost <= 1.25))} | {cost.max():.2f}, {np.median(cost):.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CPU pipeline, traces 5x shorter")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-plots", action="store_true", help="do not write PNGs")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=5,
+        help="also run the tuners and the oracle on this many seeds in all (SEED and the "
+        "ones after it; the first is the full comparison), for the targets' spread",
+    )
     args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error("--seeds must be >= 1")
     scale = 0.2 if args.quick else 1.0
     problems = [cpu_text()] if args.quick else [gpu_cascade(), cpu_text()]
     measured = None if args.quick else measured_delay_s()
@@ -527,6 +601,19 @@ def main(argv: list[str] | None = None) -> int:
                         {"activation_delay_s": delay, "pipeline": problem.name, "attainment": value}
                     )
                     print(f"spike bound ({problem.name}, {delay:g} s): {value:.2%}\n")
+    jobs = [
+        (problem.name, args.seed + k, delay, scale)
+        for k in range(1, args.seeds)
+        for delay in delays
+        for problem in problems
+    ]
+    by_seed = [r for d, rep in reports for r in tuner_rows(rep, args.seed, d)]
+    if jobs:
+        t0 = time.perf_counter()
+        with concurrent.futures.ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool:
+            for more in pool.map(seed_rows, *zip(*jobs, strict=True)):
+                by_seed += more
+        print(f"{len(jobs)} more seed runs ({time.perf_counter() - t0:.0f} s)\n")
     elapsed = time.perf_counter() - started
     rows = [row for d, rep in reports for p in TUNERS for row in verdicts(rep, p, d)]
     cost_matched = [row for d, rep in reports for row in matched(rep, swept, d)]
@@ -542,6 +629,9 @@ def main(argv: list[str] | None = None) -> int:
     print(matched_table(cost_matched))
     print("\n## The same for the re-planning tuner (inferline-replan; simulation only)\n")
     print(matched_table(replan_matched))
+    last = args.seed + args.seeds - 1
+    print(f"\n## Attainment and cost over {args.seeds} seeds ({args.seed}-{last})\n")
+    print(seed_table(by_seed))
     print("\n## Knob sweep: mean cost and miss rate per setting\n")
     print(knob_summary(swept, tuner_cost))
     print(f"\nruntime: {elapsed:.0f} s on {os.cpu_count()} CPUs")
@@ -555,6 +645,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "runtime_s": round(elapsed, 1),
             "seed": args.seed,
+            "seeds": args.seeds,
             "policies": list(POLICIES),
             "activation_delays_s": delays,
             "knobs": {
@@ -593,6 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         "knob_sweep": swept,
         "cost_matched": cost_matched,
         "cost_matched_replan": replan_matched,
+        "seeds": by_seed,
     }
     out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {out.relative_to(ROOT)}")
