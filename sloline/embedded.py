@@ -162,11 +162,11 @@ class EmbeddedPipeline:
         self._stop = asyncio.Event()
         catalog = self.settings.catalog
         self.backend: LocalBackend | None = None
-        # The plan's envelope windows, so observed and planned envelopes compare window by
-        # window (without a plan, RouterApp's default windows).
         # The λ windows of Algorithm 4 as the tuner will read them (its window base, here a
         # placeholder, comes from the plan).
         tuner = TunerSettings(1.0, **self.settings.tuner_overrides)  # type: ignore[arg-type]
+        # The plan's envelope windows, so observed and planned envelopes compare window by
+        # window (without a plan, RouterApp's default windows).
         self.app = RouterApp(
             loaded,
             max_batch={n: c.max_batch for n, c in self.configs.items()},
