@@ -389,8 +389,9 @@ def headroom(problem: PlanningProblem, config: Config) -> float:
     The planner stops where one more action breaks the SLO, so a stage's rho_m says at
     which utilisation it was left, not how much more the plan holds: with whole replicas
     and batch sizes that can be a good deal more (a stage at its replica floor is often
-    nowhere near full). The tuner scales such stages from x* (``effective_rhos``).
-    Assumes feasibility falls monotonically with the rate (bisection)."""
+    nowhere near full). Information for the user (``sloline plan`` prints it); the tuner
+    does not use it (docs/tuner.md, "Floor stages"). Assumes feasibility falls
+    monotonically with the rate (bisection)."""
 
     def holds(x: float) -> bool:
         faster = replace(problem, arrivals_s=problem.arrivals_s / x)

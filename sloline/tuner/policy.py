@@ -27,10 +27,7 @@ same function.
   rho_m that expresses no chosen slack; taken literally it makes Alg. 3 scale that stage
   in proportion to the rate and Alg. 4's rho_min ~ 0 blocks every scale-down. Such a
   stage gets an effective rho (:func:`effective_rhos`): the smallest rho among stages
-  with planned slack, or its own at the plan's headroom x* (the rate multiple at which
-  the estimator says the plan still meets the SLO, :attr:`Plan.headroom`) if larger.
-  When every stage is at its floor, the pipeline's largest rho at x*: the whole plan
-  holds x* times its rate, so no stage needs a replica below that.
+  with planned slack, or the pipeline's largest rho when every stage is at its floor.
 
 Choices where §5 is silent or loose (also in docs/tuner.md):
 
@@ -319,19 +316,13 @@ def scale_up(
     return tuple(decisions)
 
 
-def effective_rhos(
-    rhos: Sequence[float], at_floor: Sequence[bool], headroom: float = 1.0
-) -> list[float]:
-    """rho_m for the tuner: a stage planned at its replica floor gets the larger of its
-    utilisation at the plan's ``headroom`` (x*, the rate multiple the plan holds) and the
-    smallest rho of the stages whose slack the planner chose (or the largest rho at x*
-    when all are at their floor); see the module docstring."""
+def effective_rhos(rhos: Sequence[float], at_floor: Sequence[bool]) -> list[float]:
+    """rho_m for the tuner: a stage planned at its replica floor gets the smallest rho of
+    the stages whose slack the planner chose (or the largest rho when all are at their
+    floor) if that is larger than its own; see the module docstring."""
     chosen = [r for r, floor in zip(rhos, at_floor, strict=True) if not floor]
-    reference = min(chosen) if chosen else headroom * max(rhos)
-    return [
-        max(headroom * r, reference) if floor else r
-        for r, floor in zip(rhos, at_floor, strict=True)
-    ]
+    reference = min(chosen) if chosen else max(rhos)
+    return [max(r, reference) if floor else r for r, floor in zip(rhos, at_floor, strict=True)]
 
 
 def scale_down(

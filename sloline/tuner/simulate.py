@@ -144,7 +144,6 @@ def _tune(
     rhos = effective_rhos(
         [s.rho for s in plan.stages],
         [s.replicas <= lo for s, (lo, _) in zip(plan.stages, bounds, strict=True)],
-        plan.headroom,
     )
 
     def step(observation: Observation, last_change_s: float) -> tuple[Targets, float]:

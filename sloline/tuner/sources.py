@@ -267,7 +267,6 @@ def stage_tunings(
     rhos = effective_rhos(
         [s.rho for s in plan.stages],
         [s.replicas <= floor for s, floor in zip(plan.stages, floors, strict=True)],
-        plan.headroom,
     )
     return [
         StageTuning(

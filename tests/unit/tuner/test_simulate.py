@@ -382,39 +382,6 @@ def test_the_replanning_tuner_changes_batch_or_hardware_when_that_is_cheaper() -
     assert np.all(np.isfinite(replanning.run.latencies_s))
 
 
-def test_a_plan_with_headroom_is_not_scaled_for_load_it_holds() -> None:
-    """One stage at its floor (1 replica, batch 32: 10 ms + 2 ms per request, ~400 rps)
-    planned at 20 rps: its rho_m is ~0.05, so read alone a step to 60 rps would ask
-    for 3 replicas. The plan's headroom (the estimator's rate multiple the plan holds)
-    says one replica serves it, and it does."""
-    profile = PipelineProfile(
-        {
-            "m": {
-                "cpu": StageProfile.from_latencies(
-                    "cpu", {b: 0.01 + 0.002 * b for b in (1, 2, 4, 8, 16, 32)}
-                )
-            }
-        },
-        hop_s=0.001,
-    )
-    problem = PlanningProblem(
-        Topology.from_deps({"m": []}, "m"), profile, {"cpu": 0.05}, 0.25, np.array([0.0, 1.0])
-    )
-    trace = ramp_trace(
-        20.0, 60.0, warm_s=30.0, ramp_s=5.0, hold_s=60.0, tail_s=5.0, planning_s=30.0, seed=1
-    )
-    planned = plan(dataclasses.replace(problem, arrivals_s=trace.planning_s))
-    assert planned.config == (StageConfig("cpu", 32, 1),) and planned.headroom > 3.0
-    with_headroom = simulate(problem, [trace], plan=planned, policies=("inferline",))
-    without = simulate(
-        problem, [trace], plan=dataclasses.replace(planned, headroom=1.0), policies=("inferline",)
-    )
-    held, scaled = with_headroom.results[0], without.results[0]
-    assert held.run.desired.max() == 1 and held.attainment >= 0.99
-    assert scaled.run.desired.max() >= 3  # rho_m read alone
-    assert held.attainment >= scaled.attainment - 0.001
-
-
 def test_replanning_waits_for_a_steady_rate() -> None:
     settings = ReplanSettings(lookback_s=60.0, max_drift=0.1)
     steady = np.linspace(0.0, 60.0, 6001)[:-1]
