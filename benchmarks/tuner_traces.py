@@ -535,16 +535,11 @@ def seed_table(rows: list[dict[str, Any]]) -> str:
         "worst, median | cost <= 1.25x oracle | cost / oracle worst, median |",
         "|---:|---|---|---|---:|---:|---|---:|---|",
     ]
-    keys = dict.fromkeys(
-        (r["activation_delay_s"], r["pipeline"], r["trace"], r["policy"]) for r in rows
-    )
-    for delay, pipeline, trace, policy in keys:
-        mine = [
-            r
-            for r in rows
-            if (r["activation_delay_s"], r["pipeline"], r["trace"], r["policy"])
-            == (delay, pipeline, trace, policy)
-        ]
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        key = (r["activation_delay_s"], r["pipeline"], r["trace"], r["policy"])
+        groups.setdefault(key, []).append(r)
+    for (delay, pipeline, trace, policy), mine in groups.items():
         att = np.array([r["attainment"] for r in mine])
         cost = np.array([r["cost_vs_oracle"] for r in mine])
         lines.append(
