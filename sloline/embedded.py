@@ -23,7 +23,7 @@ from sloline.backends.local import WORKER_NICE, LocalBackend, StageLaunch
 from sloline.planner.config import StageConfig as PlannedStage
 from sloline.planner.plan import Plan
 from sloline.planner.problem import PlanningProblem
-from sloline.serving.app import RouterApp
+from sloline.serving.app import RouterApp, default_windows_s
 from sloline.serving.metrics import TunerMetrics
 from sloline.serving.router import RouterSettings
 from sloline.serving.server import ServerSettings
@@ -162,18 +162,27 @@ class EmbeddedPipeline:
         self._stop = asyncio.Event()
         catalog = self.settings.catalog
         self.backend: LocalBackend | None = None
-        # The λ windows of Algorithm 4 as the tuner will read them (its window base, here a
-        # placeholder, comes from the plan).
-        tuner = TunerSettings(1.0, **self.settings.tuner_overrides)  # type: ignore[arg-type]
         # The plan's envelope windows, so observed and planned envelopes compare window by
-        # window (without a plan, RouterApp's default windows).
+        # window (without a plan, RouterApp's default windows), and the λ windows of
+        # Algorithm 4, which the router counts for the tuner.
+        slo_s = loaded.pipeline.spec.slo.latency_ms / 1e3
+        windows_s = plan.envelope.windows_s if plan else default_windows_s(slo_s)
+        self.tuner_settings = TunerSettings(
+            window_base_s=windows_s[0],
+            window_max_s=windows_s[-1],
+            interval_s=self.settings.tuner_interval_s,
+            **self.settings.tuner_overrides,  # type: ignore[arg-type]
+        )
         self.app = RouterApp(
             loaded,
             max_batch={n: c.max_batch for n, c in self.configs.items()},
             server=self.settings.server,
             router=self.settings.router,
             plan_envelope=plan.envelope if plan else None,
-            lambda_windows_s=(tuner.lambda_window_s, tuner.lambda_lookback_s),
+            lambda_windows_s=(
+                self.tuner_settings.lambda_window_s,
+                self.tuner_settings.lambda_lookback_s,
+            ),
             registry=registry,
             desired_replicas=lambda: self.backend.desired() if self.backend else {},
             cost_per_hour=lambda: {
@@ -277,12 +286,7 @@ class EmbeddedPipeline:
             async def replicas(self, stage: str) -> tuple[int, int]:
                 return backend.desired()[stage], router.replicas()[stage][1]
 
-        settings = TunerSettings(
-            window_base_s=plan.envelope.windows_s[0],
-            window_max_s=plan.envelope.windows_s[-1],
-            interval_s=self.settings.tuner_interval_s,
-            **self.settings.tuner_overrides,  # type: ignore[arg-type]
-        )
+        settings = self.tuner_settings
         return Tuner(
             stages=stages,
             planning_envelope=plan.envelope,

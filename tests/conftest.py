@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from sloline.planner.session import PlanningSession
     from tests.support.kube import KubeEmulator
 
 
@@ -21,3 +22,19 @@ def kube(tmp_path: Path) -> Iterator[KubeEmulator]:
 
     with KubeEmulator(tmp_path / "kube") as emulator:
         yield emulator
+
+
+@pytest.fixture(scope="session")
+def sleepy_session(tmp_path_factory: pytest.TempPathFactory) -> PlanningSession:
+    """The sleepy test pipeline profiled (batch sizes up to 4; ~45 s here) and planned
+    once for the live tuner, Prometheus and dashboard tests, as `sloline run` reuses its
+    profile cache: they test what is served from a plan, not the profiler."""
+    from sloline.planner.profiler import ProfilerSettings
+    from sloline.planner.session import plan_pipeline
+    from sloline.spec import DEFAULT_CATALOG, load_pipeline
+    from tests.support.serve import SLEEPY
+
+    cache = tmp_path_factory.mktemp("sleepy-profiles")
+    return plan_pipeline(
+        load_pipeline(SLEEPY), DEFAULT_CATALOG, ProfilerSettings(max_batch_cap=4, cache_dir=cache)
+    )

@@ -381,18 +381,18 @@ def render_profiling_job(
         settings, profiles_name(target.name), items=("pipeline.yaml", "catalog.yaml")
     )
     profiling = settings.profiling
-    args = _flags(
-        "profile-job",
-        {
-            "--pipeline": PIPELINE_FILE,
-            "--stage": stage,
-            "--hardware": hardware,
-            "--catalog": CATALOG_FILE,
-            "--cap": profiling.cap,
-            "--repeats": profiling.repeats,
-            "--budget-s": f"{profiling.budget_s:g}",
-        },
-    )
+    flags: dict[str, object] = {
+        "--pipeline": PIPELINE_FILE,
+        "--stage": stage,
+        "--hardware": hardware,
+        "--catalog": CATALOG_FILE,
+        "--cap": profiling.cap,
+        "--repeats": profiling.repeats,
+        "--budget-s": f"{profiling.budget_s:g}",
+    }
+    if profiling.hop_s is not None:  # the planner takes the setting: no probe to run
+        flags["--hop-requests"] = 0
+    args = _flags("profile-job", flags)
     container = _container(
         "profiler",
         settings,

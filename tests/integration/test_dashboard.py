@@ -18,9 +18,7 @@ import numpy as np
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from sloline.planner.profiler import ProfilerSettings
-from sloline.planner.session import plan_pipeline
-from sloline.spec import DEFAULT_CATALOG, load_pipeline
+from sloline.planner.session import PlanningSession
 from sloline.tuner.envelope import window_label
 from tests.integration.test_tuner_live import open_loop
 from tests.support.net import free_port
@@ -85,13 +83,11 @@ def _deadline_misses(url: str, count: int) -> None:
     assert failed == count
 
 
-def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
+def test_every_dashboard_query_returns_data(
+    tmp_path: Path, sleepy_session: PlanningSession
+) -> None:
     board = json.loads(DASHBOARD.read_text())
-    plan = plan_pipeline(
-        load_pipeline(SLEEPY),
-        DEFAULT_CATALOG,
-        ProfilerSettings(max_batch_cap=4, cache_dir=tmp_path / "profiles"),
-    ).plan
+    plan = sleepy_session.plan
     with BackgroundPipeline(SLEEPY, plan=plan, tuner=TUNER) as served:
         prometheus = Prometheus(tmp_path, [served.http_url], free_port())
         try:

@@ -15,7 +15,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from sloline.planner.profiler import ProfilerSettings
-from sloline.planner.session import plan_pipeline
+from sloline.planner.session import PlanningSession, plan_pipeline
 from sloline.spec import DEFAULT_CATALOG, load_pipeline
 from sloline.tuner.replan import ReplanSettings
 from tests.support.serve import BATCHY, SLEEPY, BackgroundPipeline
@@ -53,11 +53,8 @@ async def open_loop(
     return start, results
 
 
-def test_load_step_scales_up_then_down(tmp_path: Path, record_property) -> None:
-    loaded = load_pipeline(SLEEPY)
-    session = plan_pipeline(
-        loaded, DEFAULT_CATALOG, ProfilerSettings(max_batch_cap=4, cache_dir=tmp_path)
-    )
+def test_load_step_scales_up_then_down(sleepy_session: PlanningSession, record_property) -> None:
+    session = sleepy_session
     planned = session.plan.stage("slow").replicas
     tuner = {
         "stabilization_s": 4.0,
@@ -143,7 +140,6 @@ def test_replanning_hands_a_stage_over_to_a_cheaper_batch_size(tmp_path: Path) -
         outgoing, (desired, connected) = backend.outgoing("work"), router.replicas()["work"]
         limit = router.queues["work"].max_batch
         history = list(served.p.tuner.history) if served.p.tuner else []
-        handed = list(replanner.handed_over)
         handed = list(replanner.handed_over)
     failed = [r for r in results if r[1] is None]
     assert len(results) > 900 and not failed, failed[:3]

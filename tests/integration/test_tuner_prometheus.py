@@ -8,9 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from sloline.planner.profiler import ProfilerSettings
-from sloline.planner.session import plan_pipeline
-from sloline.spec import DEFAULT_CATALOG, load_pipeline
+from sloline.planner.session import PlanningSession
 from sloline.tuner.policy import StageState, TunerContext, TunerSettings, decide
 from sloline.tuner.sources import PrometheusSource, StreamingSource
 from tests.integration.test_tuner_live import open_loop
@@ -21,11 +19,10 @@ from tests.support.serve import SLEEPY, BackgroundPipeline
 LOOKBACK_S = 20.0
 
 
-def test_prometheus_source_matches_live_feed(tmp_path: Path) -> None:
-    loaded = load_pipeline(SLEEPY)
-    plan = plan_pipeline(
-        loaded, DEFAULT_CATALOG, ProfilerSettings(max_batch_cap=4, cache_dir=tmp_path)
-    ).plan
+def test_prometheus_source_matches_live_feed(
+    tmp_path: Path, sleepy_session: PlanningSession
+) -> None:
+    plan = sleepy_session.plan
     windows = plan.envelope.windows_s
     settings = TunerSettings(window_base_s=windows[0], window_max_s=windows[-1])
     stages = tuple(

@@ -215,6 +215,18 @@ def test_contract_commands_ports_and_mounts() -> None:
     assert json.loads(config["data"]["plan.json"])["pipeline"] == "noop"
 
 
+def test_a_fixed_hop_setting_skips_the_jobs_hop_probe() -> None:
+    """With `profiling.hopS` set the planner never reads the Jobs' measured hop, so they
+    do not spend their loopback probe on it; the flag parses with the real CLI."""
+    from sloline.cli import build_parser
+
+    t = Target.of(pipeline_object(NOOP))
+    settings = OperatorSettings.model_validate({"profiling": {"hopS": 0.001}})
+    (profiler,) = containers(render_profiling_job(t, settings, "s1", "cpu-1", "k"))
+    assert profiler["args"][-2:] == ["--hop-requests", "0"]
+    assert build_parser().parse_args(profiler["args"]).hop_requests == 0
+
+
 def test_hardware_class_placement_and_models_volume() -> None:
     settings = gpu_settings()
     t = Target.of(pipeline_object(DIGITS, annotations={"sloline.dev/model-dir": "shared/d"}))
