@@ -444,7 +444,7 @@ def profile_job(
     hop_s = None
     if hop_requests > 0:
         progress("measuring the router's per-hop overhead ...")
-        hop_s = measure_overhead(samples[0], requests=hop_requests).visit_s()
+        hop_s = measure_overhead(samples[0], requests=hop_requests, batching=False).visit_s()
     return ProfileMessage(
         stage=stage,
         profile=StageProfile(hardware=hw.name, points=tuple(points), idle=idle, cores=_cores(hw)),
