@@ -45,6 +45,7 @@ the client, the workers and everything else on the machine.
                                             [--budget-s S]
     python benchmarks/estimator_accuracy.py --client-diagnostic RESULTS.json
     python benchmarks/estimator_accuracy.py --re-estimate RESULTS.json
+    python benchmarks/estimator_accuracy.py --hop-diagnostic RESULTS.json
 
 Prints markdown tables and writes benchmarks/results/estimator_accuracy.json (``--quick``:
 one 8 s cell per example, to estimator_accuracy.quick.raw.json, which git ignores).
@@ -55,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import json
 import math
@@ -735,6 +737,8 @@ def run_cell(
             "router_count": int(router.size),
             "send_lag_p50_ms": percentile(lag, 50.0) * 1e3,
             "send_lag_p99_ms": percentile(lag, 99.0) * 1e3,
+            # The hops at this cell's load, as the calibration measures them at its own.
+            "hop_quantiles_ms": hop_quantiles_ms(window),
         },
         "estimated": estimates,
         "error": {
@@ -752,6 +756,22 @@ def run_cell(
         "loadavg_before": load0,
         "loadavg_after": load1,
     }
+
+
+def hop_quantiles_ms(window: dict[str, Any]) -> list[float]:
+    """Every batch's hop in a router window (its round trip less the worker's wall time,
+    as :meth:`Calibration.measure` pairs them), as the 1st to 99th percentile and the
+    maximum: how the in-situ hop moves with load and burstiness, which one calibration
+    at the planned load cannot show (docs/planner.md, "Estimator vs reality")."""
+    hops = []
+    for stage, roundtrip in window["roundtrip_s"].items():
+        service = window["service_s"].get(stage, np.empty(0))
+        paired = min(roundtrip.size, service.size)
+        if paired:
+            hops.append(np.maximum(roundtrip[-paired:] - service[-paired:], 0.0))
+    if not hops:
+        return []
+    return [percentile(np.concatenate(hops), q) * 1e3 for q in [*range(1, 100), 100]]
 
 
 def client_cpu_per_request(
@@ -1133,6 +1153,54 @@ def _cell_arrivals(cell: dict[str, Any]) -> np.ndarray:
     return gamma_arrivals(cell["rate_rps"], cell["duration_s"], cv2=cell["cv2"], seed=cell["seed"])
 
 
+def hop_diagnostic(path: Path) -> None:
+    """Per cell: the calibrated estimate again with the hops that cell measured in place
+    of the calibration's (measured at the planned load only). If that closes the gap to
+    the measured P99, a hop model that follows load is what the estimator lacks; if not,
+    the error is elsewhere. Needs a results file with ``hop_quantiles_ms`` per cell."""
+    report = json.loads(path.read_text())
+    print(
+        "| example | rate rps | CV² | measured P99 ms | hop P50 / P99 ms (cell; calibration) "
+        "| est. P99 ms (calibrated) | error | est. P99 ms (cell's own hops) | error |"
+    )
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
+    for name, result in report["examples"].items():
+        topology, config, profile = _stored(name, result)
+        calibration = Calibration.from_dict(result["calibration"]["calibration"])
+        slo_s = result["slo_ms"] / 1e3
+        for cell in result["cells"]:
+            hops_ms = cell["measured"].get("hop_quantiles_ms")
+            if not hops_ms:
+                continue
+            own = dataclasses.replace(calibration, hop_s=tuple(h / 1e3 for h in hops_ms))
+            profiles: dict[str, tuple[ServiceMode, PipelineProfile]] = {
+                "calibrated": ("p50", calibration.apply(profile)),
+                "own": ("p50", own.apply(profile)),
+            }
+            estimated, _ = estimate_cell(
+                topology,
+                config,
+                profiles,
+                _cell_arrivals(cell),
+                cell["client_probe"]["cpu_s"],
+                slo_s,
+                cell["duration_s"],
+            )
+            measured = cell["measured"]["p99_ms"]
+            cal = calibration.hop_s
+            print(
+                f"| {name} | {cell['rate_rps']:g} | {cell['cv2']:g} | {measured:.1f} "
+                f"| {hops_ms[49]:.2f} / {hops_ms[98]:.2f}; "
+                f"{np.percentile(cal, 50) * 1e3:.2f} / {np.percentile(cal, 99) * 1e3:.2f} "
+                + "".join(
+                    f"| {estimated[k]['p99_ms']:.1f} "
+                    f"| {(estimated[k]['p99_ms'] - measured) / measured:+.0%} "
+                    for k in profiles
+                )
+                + "|"
+            )
+
+
 def re_estimate(path: Path) -> None:
     """Estimate every cell of a results file again with this estimator, from what the
     file stores (profile, configuration, calibration, trace, the client's CPU per
@@ -1253,6 +1321,14 @@ def main() -> None:
         "rewrite it (no serving; the measurements stay)",
     )
     parser.add_argument(
+        "--hop-diagnostic",
+        type=Path,
+        metavar="RESULTS",
+        default=None,
+        help="only estimate each cell of a results file again with the hops that cell "
+        "measured (no serving)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -1265,6 +1341,9 @@ def main() -> None:
         return
     if args.re_estimate is not None:
         re_estimate(args.re_estimate)
+        return
+    if args.hop_diagnostic is not None:
+        hop_diagnostic(args.hop_diagnostic)
         return
     if args.attempts < 1:
         parser.error("--attempts must be at least 1")
