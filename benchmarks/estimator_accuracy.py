@@ -1153,6 +1153,20 @@ def _cell_arrivals(cell: dict[str, Any]) -> np.ndarray:
     return gamma_arrivals(cell["rate_rps"], cell["duration_s"], cv2=cell["cv2"], seed=cell["seed"])
 
 
+def _estimate_stored(
+    stored: tuple[Topology, list[StageConfig], PipelineProfile],
+    profiles: dict[str, tuple[ServiceMode, PipelineProfile]],
+    cell: dict[str, Any],
+    slo_s: float,
+) -> dict[str, dict[str, float]]:
+    """`estimate_cell` on a stored cell's trace, with the client CPU its probe measured."""
+    topology, config, _ = stored
+    arrivals, client_cpu_s = _cell_arrivals(cell), cell["client_probe"]["cpu_s"]
+    return estimate_cell(
+        topology, config, profiles, arrivals, client_cpu_s, slo_s, cell["duration_s"]
+    )[0]
+
+
 def hop_diagnostic(path: Path) -> None:
     """Per cell: the calibrated estimate again with the hops that cell measured in place
     of the calibration's (measured at the planned load only). If that closes the gap to
@@ -1165,7 +1179,8 @@ def hop_diagnostic(path: Path) -> None:
     )
     print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
     for name, result in report["examples"].items():
-        topology, config, profile = _stored(name, result)
+        stored = _stored(name, result)
+        profile = stored[2]
         calibration = Calibration.from_dict(result["calibration"]["calibration"])
         slo_s = result["slo_ms"] / 1e3
         for cell in result["cells"]:
@@ -1177,15 +1192,7 @@ def hop_diagnostic(path: Path) -> None:
                 "calibrated": ("p50", calibration.apply(profile)),
                 "own": ("p50", own.apply(profile)),
             }
-            estimated, _ = estimate_cell(
-                topology,
-                config,
-                profiles,
-                _cell_arrivals(cell),
-                cell["client_probe"]["cpu_s"],
-                slo_s,
-                cell["duration_s"],
-            )
+            estimated = _estimate_stored(stored, profiles, cell, slo_s)
             measured = cell["measured"]["p99_ms"]
             cal = calibration.hop_s
             print(
@@ -1211,20 +1218,13 @@ def re_estimate(path: Path) -> None:
     report = json.loads(path.read_text())
     rows, repeats = [], []
     for name, result in report["examples"].items():
-        topology, config, profile = _stored(name, result)
+        stored = _stored(name, result)
+        profile = stored[2]
         calibration = Calibration.from_dict(result["calibration"]["calibration"])
         profiles = estimate_profiles(profile, calibration.apply(profile))
         slo_s = result["slo_ms"] / 1e3
         for cell in result["cells"]:
-            cell["estimated"], _ = estimate_cell(
-                topology,
-                config,
-                profiles,
-                _cell_arrivals(cell),
-                cell["client_probe"]["cpu_s"],
-                slo_s,
-                cell["duration_s"],
-            )
+            cell["estimated"] = _estimate_stored(stored, profiles, cell, slo_s)
             for run in [cell, *cell.get("repeats", ())]:
                 measured_ms = run["measured"]["p99_ms"] if run is cell else run["measured_p99_ms"]
                 run["error"] = {
