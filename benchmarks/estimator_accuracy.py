@@ -89,7 +89,7 @@ from sloline.calibrate import DRAIN_S, measure_served  # noqa: E402
 from sloline.calibrate import replay as replay_arrivals  # noqa: E402
 from sloline.embedded import EmbeddedPipeline, EmbeddedSettings  # noqa: E402
 from sloline.embedded import StageConfig as ServedConfig  # noqa: E402
-from sloline.planner.calibration import Calibration  # noqa: E402
+from sloline.planner.calibration import Calibration, hops  # noqa: E402
 from sloline.planner.config import StageConfig  # noqa: E402
 from sloline.planner.estimator import (  # noqa: E402
     Estimate,
@@ -760,18 +760,16 @@ def run_cell(
 
 def hop_quantiles_ms(window: dict[str, Any]) -> list[float]:
     """Every batch's hop in a router window (its round trip less the worker's wall time,
-    as :meth:`Calibration.measure` pairs them), as the 1st to 99th percentile and the
+    :func:`~sloline.planner.calibration.hops`), as the 1st to 99th percentile and the
     maximum: how the in-situ hop moves with load and burstiness, which one calibration
     at the planned load cannot show (docs/planner.md, "Estimator vs reality")."""
-    hops = []
-    for stage, roundtrip in window["roundtrip_s"].items():
-        service = window["service_s"].get(stage, np.empty(0))
-        paired = min(roundtrip.size, service.size)
-        if paired:
-            hops.append(np.maximum(roundtrip[-paired:] - service[-paired:], 0.0))
-    if not hops:
+    every = np.concatenate(
+        [np.empty(0)]
+        + [hops(window["service_s"].get(s, ()), rt) for s, rt in window["roundtrip_s"].items()]
+    )
+    if not every.size:
         return []
-    return [percentile(np.concatenate(hops), q) * 1e3 for q in [*range(1, 100), 100]]
+    return [percentile(every, q) * 1e3 for q in [*range(1, 100), 100]]
 
 
 def client_cpu_per_request(
@@ -1154,13 +1152,13 @@ def _cell_arrivals(cell: dict[str, Any]) -> np.ndarray:
 
 
 def _estimate_stored(
-    stored: tuple[Topology, list[StageConfig], PipelineProfile],
+    topology: Topology,
+    config: Sequence[StageConfig],
     profiles: dict[str, tuple[ServiceMode, PipelineProfile]],
     cell: dict[str, Any],
     slo_s: float,
 ) -> dict[str, dict[str, float]]:
     """`estimate_cell` on a stored cell's trace, with the client CPU its probe measured."""
-    topology, config, _ = stored
     arrivals, client_cpu_s = _cell_arrivals(cell), cell["client_probe"]["cpu_s"]
     return estimate_cell(
         topology, config, profiles, arrivals, client_cpu_s, slo_s, cell["duration_s"]
@@ -1179,8 +1177,7 @@ def hop_diagnostic(path: Path) -> None:
     )
     print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
     for name, result in report["examples"].items():
-        stored = _stored(name, result)
-        profile = stored[2]
+        topology, config, profile = _stored(name, result)
         calibration = Calibration.from_dict(result["calibration"]["calibration"])
         slo_s = result["slo_ms"] / 1e3
         for cell in result["cells"]:
@@ -1192,7 +1189,7 @@ def hop_diagnostic(path: Path) -> None:
                 "calibrated": ("p50", calibration.apply(profile)),
                 "own": ("p50", own.apply(profile)),
             }
-            estimated = _estimate_stored(stored, profiles, cell, slo_s)
+            estimated = _estimate_stored(topology, config, profiles, cell, slo_s)
             measured = cell["measured"]["p99_ms"]
             cal = calibration.hop_s
             print(
@@ -1218,13 +1215,12 @@ def re_estimate(path: Path) -> None:
     report = json.loads(path.read_text())
     rows, repeats = [], []
     for name, result in report["examples"].items():
-        stored = _stored(name, result)
-        profile = stored[2]
+        topology, config, profile = _stored(name, result)
         calibration = Calibration.from_dict(result["calibration"]["calibration"])
         profiles = estimate_profiles(profile, calibration.apply(profile))
         slo_s = result["slo_ms"] / 1e3
         for cell in result["cells"]:
-            cell["estimated"] = _estimate_stored(stored, profiles, cell, slo_s)
+            cell["estimated"] = _estimate_stored(topology, config, profiles, cell, slo_s)
             for run in [cell, *cell.get("repeats", ())]:
                 measured_ms = run["measured"]["p99_ms"] if run is cell else run["measured_p99_ms"]
                 run["error"] = {

@@ -23,7 +23,7 @@ from sloline.backends.local import WORKER_NICE, LocalBackend, StageLaunch
 from sloline.planner.config import StageConfig as PlannedStage
 from sloline.planner.plan import Plan
 from sloline.planner.problem import PlanningProblem
-from sloline.serving.app import RouterApp, default_windows_s
+from sloline.serving.app import RouterApp, envelope_windows_s
 from sloline.serving.metrics import TunerMetrics
 from sloline.serving.router import RouterSettings
 from sloline.serving.server import ServerSettings
@@ -162,11 +162,10 @@ class EmbeddedPipeline:
         self._stop = asyncio.Event()
         catalog = self.settings.catalog
         self.backend: LocalBackend | None = None
-        # The plan's envelope windows, so observed and planned envelopes compare window by
-        # window (without a plan, RouterApp's default windows), and the λ windows of
-        # Algorithm 4, which the router counts for the tuner.
+        # The router's envelope windows, and the λ windows of Algorithm 4, which the router
+        # counts for the tuner.
         slo_s = loaded.pipeline.spec.slo.latency_ms / 1e3
-        windows_s = plan.envelope.windows_s if plan else default_windows_s(slo_s)
+        windows_s = envelope_windows_s(plan.envelope if plan else None, slo_s)
         self.tuner_settings = TunerSettings(
             window_base_s=windows_s[0],
             window_max_s=windows_s[-1],

@@ -51,6 +51,7 @@ __all__ = [
     "MIN_BATCHES",
     "Calibration",
     "StageCalibration",
+    "hops",
     "request_path",
 ]
 
@@ -148,7 +149,7 @@ class Calibration:
         min(wall, CPU / the profile's cores), and its wall time where a worker reported
         no CPU time (0). Stages not in ``cpu_s`` (accelerators) use the wall time."""
         stages: dict[str, StageCalibration] = {}
-        hops: list[Samples] = []
+        measured: list[Samples] = []
         cpus = cpu_s or {}
         for name, (hardware, max_batch) in served.items():
             sizes, service, roundtrip, cpu = (
@@ -177,10 +178,8 @@ class Calibration:
                 profile_mean_s=expected,
                 wall_mean_s=in_situ_wall,
             )
-            paired = min(service.size, roundtrip.size)
-            if paired:
-                hops.append(np.maximum(roundtrip[-paired:] - service[-paired:], 0.0))
-        hop = np.concatenate(hops) if hops else np.empty(0)
+            measured.append(hops(service, roundtrip))
+        hop = np.concatenate(measured) if measured else np.empty(0)
         request = np.asarray(request_s, dtype=np.float64)
         return cls(pipeline, duration_s, requests, stages, _quantiles(hop), _quantiles(request))
 
@@ -287,6 +286,18 @@ class Calibration:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise ValueError(f"{path}: not a sloline calibration: {detail}") from None
+
+
+def hops(service_s: npt.ArrayLike, roundtrip_s: npt.ArrayLike) -> Samples:
+    """One stage's in-situ hops: each batch's round trip on the router less the worker's
+    wall time (the router's ``stage_roundtrip`` and ``stage_service``, recorded together
+    when a result arrives, paired from the newest), clamped at 0."""
+    service = np.asarray(service_s, dtype=np.float64)
+    roundtrip = np.asarray(roundtrip_s, dtype=np.float64)
+    paired = min(service.size, roundtrip.size)
+    if not paired:
+        return np.empty(0)
+    return np.maximum(roundtrip[roundtrip.size - paired :] - service[service.size - paired :], 0.0)
 
 
 def request_path(client_s: Samples, router_s: Samples) -> Samples:

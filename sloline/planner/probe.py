@@ -271,24 +271,21 @@ def measure_overhead(
     async def both(served: Served) -> tuple[_Run, _Run]:
         return await front(served), await inner(served)
 
-    async def run() -> tuple[_Run, _Run, _Run, _Run | None, _Run | None]:
+    async def run() -> tuple[_Run, _Run, _Run, float]:
         one, one_in = await _serve(payload, ["identity"], both)
         two = await _serve(payload, ["identity", "identity"], front)
         if not batching:
-            return one, one_in, two, None, None
+            return one, one_in, two, 0.0
         batched = await _serve(payload, ["hold"], burst)
         single = await _serve(payload, ["hold"], burst, max_batch=1)
-        return one, one_in, two, batched, single
-
-    one, one_in, two, batched, single = process.run(run())
-    visit = max(0.0, two.router_cpu_s - one.router_cpu_s)
-    per_request = max(0.0, one.router_cpu_s - visit)
-    per_batch = 0.0
-    if batched is not None and single is not None:
         # The same bursts of K requests as K batches of one, or as a batch of 1 and one of
         # K - 1: the difference is K - 2 batches' worth of per-batch CPU.
-        per_batch = (single.router_cpu_s - batched.router_cpu_s) / (BURST - 2)
-        per_batch = min(max(per_batch, 0.0), visit)
+        return one, one_in, two, (single.router_cpu_s - batched.router_cpu_s) / (BURST - 2)
+
+    one, one_in, two, per_batch = process.run(run())
+    visit = max(0.0, two.router_cpu_s - one.router_cpu_s)
+    per_request = max(0.0, one.router_cpu_s - visit)
+    per_batch = min(max(per_batch, 0.0), visit)
     front_door = max(0.0, one.router_cpu_s - one_in.router_cpu_s)
     n = min(one_in.client_s.size, one_in.service_s.size)
     hop = one_in.client_s[:n] - one_in.service_s[:n] - one_in.router_cpu_s

@@ -34,6 +34,12 @@ def default_windows_s(slo_s: float) -> tuple[float, ...]:
     return tuple(window_sizes(min(0.1, slo_s), 60.0))
 
 
+def envelope_windows_s(plan_envelope: Envelope | None, slo_s: float) -> tuple[float, ...]:
+    """The router's envelope windows: the plan's, so observed and planned envelopes compare
+    window by window; without a plan, :func:`default_windows_s`."""
+    return tuple(plan_envelope.windows_s) if plan_envelope else default_windows_s(slo_s)
+
+
 class RouterApp:
     """`async with RouterApp(...) as app:` serves until the block ends, then drains."""
 
@@ -58,7 +64,7 @@ class RouterApp:
         self.registry = registry or CollectorRegistry()
         slo = loaded.pipeline.spec.slo
         slo_s = slo.latency_ms / 1000.0
-        windows_s = plan_envelope.windows_s if plan_envelope else default_windows_s(slo_s)
+        windows_s = envelope_windows_s(plan_envelope, slo_s)
         # Algorithm 4's λ windows (width, look-back) as the tuner reads them.
         width_s, lookback_s = lambda_windows_s
         self.envelope = StreamingEnvelope(
