@@ -557,6 +557,7 @@ def estimate_cell(
             "p99_ms": result.percentile_s(99.0) * 1e3,
             "attainment": result.attainment(slo_s),
             "router_cores": result.router_busy_s / (duration_s or 1.0),
+            "router_cpu_cores": result.router_cpu_s / (duration_s or 1.0),
             "time_ms": elapsed_s * 1e3,
         }
     return summaries, results
@@ -805,9 +806,12 @@ def calibrate(
 
     Returns the profile with the calibration applied, and what was measured."""
     arrivals = gamma_arrivals(rate_rps, CALIBRATION_S, cv2=1.0, seed=0)
+    procs = served.processes(gen.pid)
+    cpu0 = _cpu_s(procs)
     t0 = time.monotonic()
     replay = gen.call(("replay", arrivals), CALIBRATION_S + DRAIN_S + 60.0)
     t1 = time.monotonic()
+    cpu1 = _cpu_s(procs)
     client = (replay["done"] - replay["sent"])[np.isfinite(replay["done"])]
     profile = example.session.profile
 
@@ -839,6 +843,7 @@ def calibrate(
         "request_p99_ms": percentile(request_s, 99.0) * 1e3,
         "probe_request_p50_ms": profile.overhead.request_median_s * 1e3,
         "probe_request_p99_ms": percentile(profile.overhead.request_table_s(), 99.0) * 1e3,
+        "cpu_util": {k: (cpu1[k] - cpu0[k]) / (t1 - t0) for k in procs},
         # What it was computed from, so that other calibrations can be tried on this run.
         "calibration": calibration.to_dict(),
         "batches": {
@@ -1050,10 +1055,16 @@ BREAKDOWN_HEADER = (
     "| example | rate rps | CV² | client - router P50 ms | send lag P99 ms | "
     "bottleneck: est. util, mean batch est/meas, service / profile, wall / CPU | "
     "CPU cores: router / client / workers / others (niced too), stolen in the worst second | "
-    "router cores est. | "
+    "router CPU cores est.: profile / calibrated | "
     "client CPU ms per request simulated (with pacing), pacing cores | "
     "router full GCs (max ms) |\n|---|---:|---:|---:|---:|---|---|---:|---|---:|"
 )
+
+
+def _router_cpu(cell: dict[str, Any], mode: str) -> str:
+    """The estimated router CPU in cores (files from before it was recorded: its busy time)."""
+    estimated = cell["estimated"][mode]
+    return f"{estimated.get('router_cpu_cores', estimated['router_cores']):.2f}"
 
 
 def breakdown_row(name: str, cell: dict[str, Any]) -> str:
@@ -1069,7 +1080,7 @@ def breakdown_row(name: str, cell: dict[str, Any]) -> str:
         f"{cpu['router']:.2f} / {cpu['client']:.2f} / {workers:.2f} / "
         f"{cell['others_normal_cores']:.2f} ({cell['others_cores']:.2f}), "
         f"{worst_second(cell, 'steal_cores'):.2f} | "
-        f"{cell['estimated']['p50']['router_cores']:.2f} | "
+        f"{_router_cpu(cell, 'p50')} / {_router_cpu(cell, 'calibrated')} | "
         f"{client['cpu_s'] * 1e3:.2f} ({client['with_pacing_cpu_s'] * 1e3:.2f}), "
         f"{client['pacing_cores']:.2f} | "
         f"{gc_['full']} ({gc_['full_max_ms']:.0f}) |"

@@ -158,11 +158,12 @@ class StageStats:
 @dataclass(frozen=True, slots=True, eq=False)
 class Estimate:
     """Per-query end-to-end latencies (arrival order), per-stage statistics and, when the
-    router is simulated, how long it was busy."""
+    router is simulated, how long it was busy and the CPU it spent."""
 
     latencies_s: FloatArray
     stages: tuple[StageStats, ...]
     router_busy_s: float = 0.0
+    router_cpu_s: float = 0.0
 
     def percentile_s(self, q: float) -> float:
         """Latency percentile with the inverted-CDF definition: the smallest latency that
@@ -461,6 +462,7 @@ def _shared_inputs(
                 overhead.router_item_cpu_s,
             ]
         ),
+        router_idle=overhead.router_idle_table(),
         worker_cpu_s=overhead.worker_batch_cpu_s,
         client_cpu_s=workload.client_cpu_s,
         cores=float(overhead.cores or 0),
@@ -491,7 +493,7 @@ def _estimate_shared(
         )
         for m, (name, cfg) in enumerate(zip(topology.stages, config, strict=True))
     )
-    return Estimate(run.answered_s - arrivals, stats, run.router_busy_s)
+    return Estimate(run.answered_s - arrivals, stats, run.router_busy_s, run.router_cpu_s)
 
 
 def no_queue_latencies(

@@ -21,6 +21,7 @@ real workers (``sloline.planner.probe``); the estimator simulates them
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,13 +30,78 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ServingOverhead"]
+__all__ = ["IdlePenalty", "ServingOverhead"]
 
 
 def _cpu(value: float, what: str) -> float:
     if not (math.isfinite(value) and value >= 0.0):
         raise ValueError(f"{what} must be a finite number of seconds >= 0, got {value!r}")
     return float(value)
+
+
+def _positive(value: float, what: str) -> float:
+    if not (math.isfinite(value) and value > 0.0):
+        raise ValueError(f"{what} must be a positive finite number of seconds, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class IdlePenalty:
+    """Extra service time of a batch that starts on a replica idle for a while.
+
+    ``extra_s[i]`` is measured after an idle gap of ``gaps_s[i]`` (increasing): the median
+    time of a batch run after sleeping that long, minus the median back to back. It is
+    added to any batch size (it does not scale with the batch: it is the cost of waking up
+    and refilling caches). Between measured gaps it is interpolated linearly, from 0 at a
+    gap of 0, and held at the last value beyond the longest gap.
+    """
+
+    gaps_s: tuple[float, ...]
+    extra_s: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.gaps_s or len(self.gaps_s) != len(self.extra_s):
+            raise ValueError(
+                f"idle penalty needs one extra time per gap, got {len(self.gaps_s)} gaps "
+                f"and {len(self.extra_s)} times"
+            )
+        for gap in self.gaps_s:
+            _positive(gap, "idle gap")
+        if any(b <= a for a, b in itertools.pairwise(self.gaps_s)):
+            raise ValueError(f"idle gaps must increase, got {self.gaps_s}")
+        if any(not (math.isfinite(e) and e >= 0.0) for e in self.extra_s):
+            raise ValueError(f"idle penalties must be finite and >= 0 s, got {self.extra_s}")
+
+    @classmethod
+    def from_medians(cls, gaps_s: Sequence[float], extra_s: Sequence[float]) -> IdlePenalty:
+        """From measured (gap, median extra time) pairs: negative noise is clipped to 0 and
+        the curve made non-decreasing (a longer idle time never makes a batch faster). The
+        gaps are measured sleeps, which a busy machine can stretch past the next one's: each
+        is kept just above the one before it."""
+        gaps: list[float] = []
+        for gap in gaps_s:
+            gaps.append(float(gap) if not gaps else max(float(gap), math.nextafter(gaps[-1], 1)))
+        extra = np.maximum.accumulate(np.maximum(np.asarray(extra_s, dtype=np.float64), 0.0))
+        return cls(tuple(gaps), tuple(float(e) for e in extra))
+
+    def table(self) -> npt.NDArray[np.float64]:
+        """``[2, K + 1]``: gaps (from 0) and extra times (from 0), as the estimator reads it."""
+        return np.array([(0.0, *self.gaps_s), (0.0, *self.extra_s)], dtype=np.float64)
+
+    def extra_at(self, gap_s: float) -> float:
+        """Extra service time after ``gap_s`` seconds idle."""
+        table = self.table()
+        return float(np.interp(gap_s, table[0], table[1]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gapsSeconds": list(self.gaps_s), "extraSeconds": list(self.extra_s)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> IdlePenalty:
+        return cls(
+            tuple(float(g) for g in data["gapsSeconds"]),
+            tuple(float(e) for e in data["extraSeconds"]),
+        )
 
 
 def _samples(values: Sequence[float], what: str) -> tuple[float, ...]:
@@ -65,7 +131,11 @@ class ServingOverhead:
     - ``cores``: the cores the router and every worker share (the embedded mode's machine),
       or None where each has its own (Kubernetes pods with CPU requests);
     - ``worker_nice``: how far below the router's the workers' CPU priority is (the local
-      backend's ``nice``), which sets their share of those cores: ``worker_weight``.
+      backend's ``nice``), which sets their share of those cores: ``worker_weight``;
+    - ``router_idle``: the router's extra CPU when work finds its event loop idle, by how
+      long it sat idle (caches gone cold, the loop and its gRPC threads woken); the costs
+      above are then those of a busy router. None: not measured, and the costs above are
+      those of a router woken by every request, as the idle probe measures them.
     """
 
     router_request_cpu_s: float
@@ -77,6 +147,7 @@ class ServingOverhead:
     client_cpu_s: float = 0.0
     cores: int | None = None
     worker_nice: int = 0
+    router_idle: IdlePenalty | None = None
 
     def __post_init__(self) -> None:
         _cpu(self.router_request_cpu_s, "router CPU per request")
@@ -97,6 +168,12 @@ class ServingOverhead:
         scheduler weighs each nice step 1.25x (``sched_prio_to_weight``: nice 10 is 110
         against nice 0's 1024)."""
         return float(1.25**-self.worker_nice)
+
+    def router_idle_table(self) -> npt.NDArray[np.float64]:
+        """The router's idle penalty as the estimator reads it (``[2, K]``; none: 0)."""
+        if self.router_idle is None:
+            return np.zeros((2, 1), dtype=np.float64)
+        return self.router_idle.table()
 
     def router_visit_cpu_s(self, batch: int = 1) -> float:
         """Router CPU of one stage visit in a batch of ``batch``, per item."""
@@ -139,11 +216,14 @@ class ServingOverhead:
             out["cores"] = self.cores
         if self.worker_nice:
             out["workerNice"] = self.worker_nice
+        if self.router_idle is not None:
+            out["routerIdlePenalty"] = self.router_idle.to_dict()
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ServingOverhead:
         cores = data.get("cores")
+        router_idle = data.get("routerIdlePenalty")
         return cls(
             router_request_cpu_s=float(data["routerRequestCpuSeconds"]),
             router_batch_cpu_s=float(data["routerBatchCpuSeconds"]),
@@ -154,4 +234,5 @@ class ServingOverhead:
             client_cpu_s=float(data.get("clientCpuSeconds", 0.0)),
             cores=int(cores) if cores is not None else None,
             worker_nice=int(data.get("workerNice", 0)),
+            router_idle=IdlePenalty.from_dict(router_idle) if router_idle is not None else None,
         )

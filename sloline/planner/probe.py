@@ -17,9 +17,15 @@ time, the worker's CPU time, the client's latencies and the router's own latenci
   model time and R1_in is one hop sample (wire, wake-ups, the worker's decode/encode);
 - per request, the client's latency minus the router's latency minus the front door's CPU
   (R1 - R1_in) is one sample of the request path outside the router;
-- the worker's CPU per batch minus its model time is its own per-batch cost.
+- the worker's CPU per batch minus its model time is its own per-batch cost;
+- the router's idle penalty: one identity stage, batches of one, requests sent one at a
+  time after each of several gaps, and in bursts of K (where they find the router busy).
+  Per request, the spaced runs' router CPU less the bursts' is the extra CPU of waking an
+  idle router, by how long it was idle (the gap plus the request's time outside the
+  router); the per-request CPU above, measured with requests spaced, is made that of a
+  busy router by taking the penalty at its own gap off.
 
-Everything is measured at idle (requests spaced by ``gap_s``). Under load the hops and the
+Everything else is measured at idle (requests spaced by ``gap_s``). Under load the hops and the
 request path are longer, not shorter: at the examples' planned loads a hop took 0.75-0.95
 ms at the median and 2-8 ms at the P99 against 0.03-0.21 and 0.6-1.1 ms here, so estimates
 from these samples are optimistic (docs/planner.md, "Estimator vs reality").
@@ -41,16 +47,18 @@ from typing import Any, TypeVar
 import numpy as np
 
 from sloline.backends.local import WORKER_NICE
-from sloline.planner.overhead import ServingOverhead
+from sloline.planner.overhead import IdlePenalty, ServingOverhead
 
 __all__ = ["hold", "identity", "measure_overhead"]
 
 Arrays = dict[str, np.ndarray]
+Sent = tuple[list[float], float]  # a run's latencies and the client's CPU
 T = TypeVar("T")
 
 HOLD_S = 0.01  # the holding stage's time per batch (a sleep: no CPU)
 BURST = 8  # requests per burst: the first is served alone, the other 7 as one batch
 BLOCKS = 5  # each measurement in this many blocks (CPU: median over blocks)
+IDLE_GAPS_S = (0.001, 0.002, 0.005, 0.02)  # the router's idle penalty: requests this far apart
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -206,19 +214,27 @@ async def _blocks(
 
 
 async def _through_front_door(
-    served: Served, payload: Arrays, kind: str, count: int, gap_s: float
-) -> _Run:
+    served: Served, payload: Arrays, runs: list[tuple[str, int, float]]
+) -> list[_Run]:
+    """Each of ``runs`` (kind, count, gap) from one client process, in turn."""
     from sloline.serving.process import ChildProcess
 
     client = ChildProcess("probe client", _client_process, served.grpc_url, payload)
 
-    async def call(kind: str, n: int) -> tuple[list[float], float]:
+    async def call(kind: str, n: int, gap_s: float) -> tuple[list[float], float]:
         latencies, cpu_s = await client.call_async((kind, n, gap_s))
         return list(latencies), float(cpu_s)
 
     try:
-        await call("seq", 30)  # warm-up: connection, code paths
-        return await _blocks(served, count, lambda n: call(kind, n))
+        await call("seq", 30, runs[0][2])  # warm-up: connection, code paths
+        out = []
+        for kind, count, gap_s in runs:
+
+            def send(n: int, kind: str = kind, gap_s: float = gap_s) -> Awaitable[Sent]:
+                return call(kind, n, gap_s)
+
+            out.append(await _blocks(served, count, send))
+        return out
     finally:
         client.close()
 
@@ -260,31 +276,40 @@ def measure_overhead(
     from sloline.serving import process
 
     async def front(served: Served) -> _Run:
-        return await _through_front_door(served, payload, "seq", requests, gap_s)
+        return (await _through_front_door(served, payload, [("seq", requests, gap_s)]))[0]
 
     async def inner(served: Served) -> _Run:
         return await _in_process(served, payload, requests, gap_s)
 
     async def burst(served: Served) -> _Run:
-        return await _through_front_door(served, payload, "burst", bursts, 4 * HOLD_S)
+        return (await _through_front_door(served, payload, [("burst", bursts, 4 * HOLD_S)]))[0]
+
+    async def idle(served: Served) -> tuple[_Run, list[_Run]]:
+        runs = [("burst", bursts, 4 * HOLD_S)] + [("seq", requests // 2, g) for g in IDLE_GAPS_S]
+        busy, *spaced = await _through_front_door(served, payload, runs)
+        return busy, spaced
 
     async def both(served: Served) -> tuple[_Run, _Run]:
         return await front(served), await inner(served)
 
-    async def run() -> tuple[_Run, _Run, _Run, float]:
+    async def run() -> tuple[_Run, _Run, _Run, float, IdlePenalty | None]:
         one, one_in = await _serve(payload, ["identity"], both)
         two = await _serve(payload, ["identity", "identity"], front)
         if not batching:
-            return one, one_in, two, 0.0
+            return one, one_in, two, 0.0, None
         batched = await _serve(payload, ["hold"], burst)
         single = await _serve(payload, ["hold"], burst, max_batch=1)
+        busy, spaced = await _serve(payload, ["identity"], idle, max_batch=1)
         # The same bursts of K requests as K batches of one, or as a batch of 1 and one of
         # K - 1: the difference is K - 2 batches' worth of per-batch CPU.
-        return one, one_in, two, (single.router_cpu_s - batched.router_cpu_s) / (BURST - 2)
+        per_batch = (single.router_cpu_s - batched.router_cpu_s) / (BURST - 2)
+        return one, one_in, two, per_batch, _router_idle(busy, spaced)
 
-    one, one_in, two, per_batch = process.run(run())
+    one, one_in, two, per_batch, router_idle = process.run(run())
     visit = max(0.0, two.router_cpu_s - one.router_cpu_s)
     per_request = max(0.0, one.router_cpu_s - visit)
+    if router_idle is not None:  # what a busy router spends: the sequential run less its wake
+        per_request = max(0.0, per_request - router_idle.extra_at(gap_s + _outside(one)))
     per_batch = min(max(per_batch, 0.0), visit)
     front_door = max(0.0, one.router_cpu_s - one_in.router_cpu_s)
     n = min(one_in.client_s.size, one_in.service_s.size)
@@ -303,4 +328,22 @@ def measure_overhead(
         client_cpu_s=one.client_cpu_s,
         cores=cores,
         worker_nice=WORKER_NICE,  # the local backend's, which served the probe pipelines
+        router_idle=router_idle,
+    )
+
+
+def _outside(run: _Run) -> float:
+    """The median time of a request outside the router: with requests one at a time, how
+    long the router sits idle between one answer and the next request besides the gap."""
+    return float(np.median(run.client_s) - np.median(run.router_s))
+
+
+def _router_idle(busy: _Run, spaced: list[_Run]) -> IdlePenalty:
+    """The router's idle penalty: per request, its CPU with requests one at a time after
+    each of IDLE_GAPS_S less its CPU in bursts, where requests find it busy (the burst's
+    first request and the last results still wake it: a small part of a burst's CPU)."""
+    base = busy.router_cpu_s / BURST
+    return IdlePenalty.from_medians(
+        [gap + _outside(run) for gap, run in zip(IDLE_GAPS_S, spaced, strict=True)],
+        [run.router_cpu_s - base for run in spaced],
     )

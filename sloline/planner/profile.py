@@ -33,7 +33,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from sloline.planner.overhead import ServingOverhead
+from sloline.planner.overhead import IdlePenalty, ServingOverhead
 
 Stat = Literal["p50", "p99", "mean"]
 
@@ -109,65 +109,6 @@ class BatchLatency:
             p99_s=float(np.percentile(values, 99.0)),
             mean_s=float(values.mean()),
             samples_s=tuple(float(v) for v in values),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class IdlePenalty:
-    """Extra service time of a batch that starts on a replica idle for a while.
-
-    ``extra_s[i]`` is measured after an idle gap of ``gaps_s[i]`` (increasing): the median
-    time of a batch run after sleeping that long, minus the median back to back. It is
-    added to any batch size (it does not scale with the batch: it is the cost of waking up
-    and refilling caches). Between measured gaps it is interpolated linearly, from 0 at a
-    gap of 0, and held at the last value beyond the longest gap.
-    """
-
-    gaps_s: tuple[float, ...]
-    extra_s: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if not self.gaps_s or len(self.gaps_s) != len(self.extra_s):
-            raise ValueError(
-                f"idle penalty needs one extra time per gap, got {len(self.gaps_s)} gaps "
-                f"and {len(self.extra_s)} times"
-            )
-        for gap in self.gaps_s:
-            _positive(gap, "idle gap")
-        if any(b <= a for a, b in itertools.pairwise(self.gaps_s)):
-            raise ValueError(f"idle gaps must increase, got {self.gaps_s}")
-        if any(not (math.isfinite(e) and e >= 0.0) for e in self.extra_s):
-            raise ValueError(f"idle penalties must be finite and >= 0 s, got {self.extra_s}")
-
-    @classmethod
-    def from_medians(cls, gaps_s: Sequence[float], extra_s: Sequence[float]) -> IdlePenalty:
-        """From measured (gap, median extra time) pairs: negative noise is clipped to 0 and
-        the curve made non-decreasing (a longer idle time never makes a batch faster). The
-        gaps are measured sleeps, which a busy machine can stretch past the next one's: each
-        is kept just above the one before it."""
-        gaps: list[float] = []
-        for gap in gaps_s:
-            gaps.append(float(gap) if not gaps else max(float(gap), math.nextafter(gaps[-1], 1)))
-        extra = np.maximum.accumulate(np.maximum(np.asarray(extra_s, dtype=np.float64), 0.0))
-        return cls(tuple(gaps), tuple(float(e) for e in extra))
-
-    def table(self) -> npt.NDArray[np.float64]:
-        """``[2, K + 1]``: gaps (from 0) and extra times (from 0), as the estimator reads it."""
-        return np.array([(0.0, *self.gaps_s), (0.0, *self.extra_s)], dtype=np.float64)
-
-    def extra_at(self, gap_s: float) -> float:
-        """Extra service time after ``gap_s`` seconds idle."""
-        table = self.table()
-        return float(np.interp(gap_s, table[0], table[1]))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"gapsSeconds": list(self.gaps_s), "extraSeconds": list(self.extra_s)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> IdlePenalty:
-        return cls(
-            tuple(float(g) for g in data["gapsSeconds"]),
-            tuple(float(e) for e in data["extraSeconds"]),
         )
 
 

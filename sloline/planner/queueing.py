@@ -60,7 +60,7 @@ class ServiceDraws:
         service = float(self.table_s[size, col])
         if self.scales.size:
             service = service * float(self.scales[batch_index])
-        return service + self.hop_s + _extra(self.idle_s, idle_gap_s)
+        return service + self.hop_s + idle_penalty(self.idle_s, idle_gap_s)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -79,7 +79,7 @@ def _input(dtype: numba.types.Type, ndim: int) -> numba.types.Array:
 
 
 @numba.njit(cache=True, nogil=True)
-def _extra(idle: FloatArray, gap: float) -> float:
+def idle_penalty(idle: FloatArray, gap: float) -> float:
     """The idle penalty after ``gap`` seconds: linear between the table's points, the last
     value beyond them (``idle[0]`` gaps from 0, ``idle[1]`` extra times from 0)."""
     last = idle.shape[1] - 1
@@ -139,7 +139,7 @@ def _serve(
             service = service * scales[batches]
         # The worker waited from its last model time (half a hop before the replica
         # freed) to this one's (half a hop after the dispatch).
-        service = service + hop + _extra(idle, start - first_free + hop)
+        service = service + hop + idle_penalty(idle, start - first_free + hop)
         end = start + service
         busy += service
         done[i : i + k] = end

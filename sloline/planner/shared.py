@@ -42,6 +42,8 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from sloline.planner.queueing import idle_penalty
+
 __all__ = ["SharedInputs", "SharedRun", "simulate_shared"]
 
 FloatArray = npt.NDArray[np.float64]
@@ -61,8 +63,8 @@ _QHEAD, _QTAIL, _NBATCH, _IDLE_HEAD, _IDLE_COUNT, _FIRST, _REPLICAS, _MAX_BATCH 
 _PHASE, _LO, _K, _BATCH, _STAGE = range(5)
 _T_DISP, _T_END, _VEND, _LAST_END = range(4)
 # Slots of the scalar integer state ``ist`` and float state ``fst``.
-_RJ_HEAD, _RJ_LEN, _CJ_HEAD, _CJ_LEN, _HEAP_LEN, _SEQ = range(6)
-_VNOW, _RVEND, _CVEND, _BATCH_CPU, _ITEM_CPU, _REQ_CPU, _WNOW, _CNOW = range(8)
+_RJ_HEAD, _RJ_LEN, _CJ_HEAD, _CJ_LEN, _HEAP_LEN, _SEQ, _IN_ROUTER, _WOKEN = range(8)
+_VNOW, _RVEND, _CVEND, _BATCH_CPU, _ITEM_CPU, _REQ_CPU, _WNOW, _CNOW, _RIDLE, _RCPU = range(10)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -77,7 +79,9 @@ class SharedInputs:
       worker's own CPU), half on the way out and half back;
     - ``idle_gap[m]`` / ``idle_extra[m]``: the idle penalty curve (from gap 0, extra 0);
     - ``requests[q]``: query q's request path outside the router (and the client's CPU);
-    - ``router_cpu_s``: per request, per batch, per item; ``worker_cpu_s`` per batch;
+    - ``router_cpu_s``: per request, per batch, per item; ``router_idle``: the router's
+      idle penalty (``[2, K]``, as ``idle_gap`` / ``idle_extra``); ``worker_cpu_s`` per
+      batch;
     - ``client_cpu_s``: CPU per request of a co-located client (0: none);
     - ``cores``: cores shared by all of them (0: not shared); ``worker_weight``: a worker
       thread's scheduling weight, the router's being 1.
@@ -100,6 +104,7 @@ class SharedInputs:
     idle_extra: FloatArray
     requests: FloatArray
     router_cpu_s: FloatArray
+    router_idle: FloatArray
     worker_cpu_s: float
     client_cpu_s: float
     cores: float
@@ -109,13 +114,15 @@ class SharedInputs:
 @dataclass(frozen=True, slots=True, eq=False)
 class SharedRun:
     """Per query: when its answer reaches the client. Per stage: items served, batches and
-    replica busy time (dispatch to result taken back); the router's busy time."""
+    replica busy time (dispatch to result taken back); the router's busy time and the CPU
+    it spent."""
 
     answered_s: FloatArray
     visits: IntArray
     batches: IntArray
     busy_s: FloatArray
     router_busy_s: float
+    router_cpu_s: float
 
 
 def _arr(dtype: numba.types.Type, ndim: int) -> numba.types.Array:
@@ -173,9 +180,14 @@ def _router_add(
     rj_kind: IntArray, rj_ref: IntArray, rj_cost: FloatArray,
     ist: IntArray, fst: FloatArray, kind: int, ref: int, cost: float,
 ) -> None:  # fmt: skip
-    """Queue a job on the router (FIFO); an idle router starts it at once."""
+    """Queue a job on the router (FIFO); an idle router starts it at once. A job that
+    finds the router idle, other than one its own finished job queued, wakes its event
+    loop (``ist[_WOKEN]``: the event loop adds the router's idle penalty to it)."""
     cap = rj_kind.shape[0]
     pos = (ist[_RJ_HEAD] + ist[_RJ_LEN]) % cap
+    if ist[_RJ_LEN] == 0 and ist[_IN_ROUTER] == 0:
+        ist[_WOKEN] = 1
+    fst[_RCPU] += cost
     rj_kind[pos], rj_ref[pos], rj_cost[pos] = kind, ref, cost
     if ist[_RJ_LEN] == 0:
         fst[_RVEND] = fst[_VNOW] + cost
@@ -286,7 +298,7 @@ def _finish(
                 )  # fmt: skip
 
 
-_SIGNATURE = numba.float64(
+_SIGNATURE = numba.void(
     _arr(numba.float64, 1),  # entries: when each query enters (sorted)
     _arr(numba.int64, 1),  # which query enters
     _arr(numba.boolean, 2),  # visits [n, M]
@@ -305,6 +317,7 @@ _SIGNATURE = numba.float64(
     _arr(numba.float64, 2),  # idle extras [M, K]
     _arr(numba.float64, 1),  # request path per query
     _arr(numba.float64, 1),  # router CPU: per request, per batch, per item
+    _arr(numba.float64, 2),  # the router's idle penalty [2, K]
     numba.float64,  # worker CPU per batch
     numba.float64,  # client CPU per request
     numba.float64,  # shared cores (0: not shared)
@@ -312,6 +325,7 @@ _SIGNATURE = numba.float64(
     numba.float64[::1],  # out: answered
     numba.int64[:, ::1],  # out: per stage visits, batches
     numba.float64[::1],  # out: per stage busy
+    numba.float64[::1],  # out: the router's busy time, CPU
 )
 
 
@@ -335,6 +349,7 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
     idle_extra: FloatArray,
     requests: FloatArray,
     router_cpu: FloatArray,
+    router_idle: FloatArray,
     worker_cpu: float,
     client_cpu: float,
     cores: float,
@@ -342,7 +357,8 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
     answered: FloatArray,
     counts: IntArray,
     busy: FloatArray,
-) -> float:
+    router_out: FloatArray,
+) -> None:
     n = enter_t.shape[0]
     n_stages = max_batch.shape[0]
     n_rep = int(replicas.sum())
@@ -377,9 +393,10 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
     heap_s = np.zeros(n + 1, dtype=np.int64)
     heap_k = np.zeros(n + 1, dtype=np.int64)
     heap_q = np.zeros(n + 1, dtype=np.int64)
-    ist = np.zeros(6, dtype=np.int64)
-    fst = np.zeros(8, dtype=np.float64)
+    ist = np.zeros(8, dtype=np.int64)
+    fst = np.zeros(10, dtype=np.float64)
     fst[_BATCH_CPU], fst[_ITEM_CPU], fst[_REQ_CPU] = router_cpu[1], router_cpu[2], router_cpu[0]
+    fst[_RIDLE] = -np.inf
     half_client = 0.5 * client_cpu
     router_busy = 0.0
     next_arr = 0
@@ -453,6 +470,7 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
             what = 5 if rep[r_hop, _PHASE] == _SERVING else 4
         if what < 0:
             break
+        ist[_IN_ROUTER] = 0
         if best > now:
             fst[_VNOW] = vnow + (best - now) * rate
             fst[_CNOW] = cnow + (best - now) * crate
@@ -519,6 +537,7 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
             ist[_RJ_LEN] -= 1
             if ist[_RJ_LEN] > 0:
                 fst[_RVEND] = fst[_VNOW] + rj_cost[ist[_RJ_HEAD]]
+            ist[_IN_ROUTER] = 1  # what this job queues on the router runs in its wake
             if kind == _DISPATCH:
                 rep[ref, _PHASE] = _HOP_OUT
                 repf[ref, _T_END] = now + 0.5 * hops[rep[ref, _STAGE], rep[ref, _BATCH]]
@@ -551,10 +570,18 @@ def _simulate(  # noqa: C901, PLR0912, PLR0915 - one event loop, kept in one pie
                         pending, stack, qbuf, visited, stg, rep, repf, idle_buf, rj_kind,
                         rj_ref, rj_cost, ist, fst,
                     )  # fmt: skip
+            if ist[_RJ_LEN] == 0:
+                fst[_RIDLE] = now
+        if ist[_WOKEN]:  # the job that woke the router pays for the time it sat idle
+            ist[_WOKEN] = 0
+            extra = idle_penalty(router_idle, now - fst[_RIDLE])
+            rj_cost[ist[_RJ_HEAD]] += extra
+            fst[_RVEND] += extra
+            fst[_RCPU] += extra
     for m in range(n_stages):
         counts[m, 0] = visited[m]
         counts[m, 1] = stg[m, _NBATCH]
-    return router_busy
+    router_out[0], router_out[1] = router_busy, fst[_RCPU]
 
 
 def simulate_shared(inputs: SharedInputs) -> SharedRun:
@@ -565,6 +592,7 @@ def simulate_shared(inputs: SharedInputs) -> SharedRun:
     answered = np.full(n, np.nan)
     counts = np.zeros((n_stages, 2), dtype=np.int64)
     busy = np.zeros(n_stages, dtype=np.float64)
+    router = np.zeros(2, dtype=np.float64)
     if inputs.client_cpu_s > 0.0:
         enter_q = np.arange(n, dtype=np.int64)
         enter_t = np.ascontiguousarray(arrivals)
@@ -574,7 +602,7 @@ def simulate_shared(inputs: SharedInputs) -> SharedRun:
         reach = arrivals + 0.5 * inputs.requests
         enter_q = np.argsort(reach, kind="stable").astype(np.int64)
         enter_t = np.ascontiguousarray(reach[enter_q])
-    router_busy = _simulate(
+    _simulate(
         enter_t,
         enter_q,
         inputs.visits,
@@ -593,6 +621,7 @@ def simulate_shared(inputs: SharedInputs) -> SharedRun:
         inputs.idle_extra,
         inputs.requests,
         inputs.router_cpu_s,
+        inputs.router_idle,
         float(inputs.worker_cpu_s),
         float(inputs.client_cpu_s),
         float(inputs.cores),
@@ -600,5 +629,13 @@ def simulate_shared(inputs: SharedInputs) -> SharedRun:
         answered,
         counts,
         busy,
+        router,
     )
-    return SharedRun(answered, counts[:, 0].copy(), counts[:, 1].copy(), busy, float(router_busy))
+    return SharedRun(
+        answered,
+        counts[:, 0].copy(),
+        counts[:, 1].copy(),
+        busy,
+        float(router[0]),
+        float(router[1]),
+    )

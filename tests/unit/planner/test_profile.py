@@ -86,6 +86,13 @@ def test_quantile_table_couples_quantiles_across_batch_sizes() -> None:
 
 
 @st.composite
+def idle_penalties(draw: st.DrawFn) -> IdlePenalty:
+    gaps = sorted(set(draw(st.lists(st.floats(1e-4, 0.1), min_size=1, max_size=4))))
+    extras = draw(st.lists(st.floats(0.0, 0.01), min_size=len(gaps), max_size=len(gaps)))
+    return IdlePenalty.from_medians(gaps, extras)
+
+
+@st.composite
 def stage_profiles(draw: st.DrawFn) -> StageProfile:
     latency = draw(st.floats(1e-4, 1.0))
     points = []
@@ -94,11 +101,7 @@ def stage_profiles(draw: st.DrawFn) -> StageProfile:
         tail = latency * draw(st.floats(1.0, 3.0))
         samples = tuple(draw(st.lists(st.floats(1e-4, 2.0), max_size=4)))
         points.append(BatchLatency(size, latency, tail, latency * 1.1, samples))
-    idle = None
-    if draw(st.booleans()):
-        gaps = sorted(set(draw(st.lists(st.floats(1e-4, 0.1), min_size=1, max_size=4))))
-        extras = draw(st.lists(st.floats(0.0, 0.01), min_size=len(gaps), max_size=len(gaps)))
-        idle = IdlePenalty.from_medians(gaps, extras)
+    idle = draw(st.none() | idle_penalties())
     hardware = draw(st.sampled_from(["cpu-1", "gpu"]))
     return StageProfile(hardware, tuple(points), idle=idle, cores=draw(st.integers(1, 4)))
 
@@ -111,6 +114,7 @@ overheads = st.builds(
     st.floats(0.0, 0.01),
     st.none() | st.integers(1, 64),
     st.integers(0, 19),
+    st.none() | idle_penalties(),
 )
 
 

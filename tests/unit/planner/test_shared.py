@@ -27,6 +27,7 @@ def _overhead(
     cores: int | None = None,
     client_cpu: float = 0.0,
     worker_nice: int = 0,
+    router_idle: IdlePenalty | None = None,
 ) -> ServingOverhead:
     return ServingOverhead(
         request_cpu,
@@ -38,6 +39,7 @@ def _overhead(
         client_cpu,
         cores,
         worker_nice,
+        router_idle,
     )
 
 
@@ -62,6 +64,27 @@ def test_the_router_serves_its_jobs_one_at_a_time_in_arrival_order() -> None:
     result = estimate(topology, profile, [StageConfig("hw", 1, 1)], workload)
     np.testing.assert_allclose(result.latencies_s, [1.6, 2.65], atol=1e-12)
     assert result.router_busy_s == pytest.approx(0.8)
+    assert result.router_cpu_s == pytest.approx(0.8)
+
+
+def test_a_job_that_wakes_the_idle_router_pays_its_idle_penalty() -> None:
+    """The first test's trace with a router idle penalty of 0.1 s after 1 s idle (linear
+    from 0, held beyond): only jobs that find the router idle pay it, and not the jobs a
+    finished job queues (they run in its wake).
+
+    router: [0, .2] q0 in (idle since ever: +0.1); [.2, .3] q1 in (queued: no penalty);
+    [.3, .4] q0's dispatch (queued); worker [.4, 1.4]; q0's result wakes the router idle
+    since .4 (+0.1): [1.4, 1.6]; q1's dispatch [1.6, 1.7] and q0's answer [1.7, 1.8] run
+    in its wake; worker [1.7, 2.7]; q1's result, idle since 1.8 (0.9 s: +0.09): [2.7,
+    2.89]; its answer [2.89, 2.99]."""
+    penalty = IdlePenalty((1.0,), (0.1,))
+    overhead = _overhead(request_cpu=0.2, batch_cpu=0.2, router_idle=penalty)
+    topology, profile = _one_stage(1.0, overhead)
+    workload = Workload.build(topology, profile, [0.0, 0.05])
+    result = estimate(topology, profile, [StageConfig("hw", 1, 1)], workload)
+    np.testing.assert_allclose(result.latencies_s, [1.8, 2.94], atol=1e-12)
+    assert result.router_cpu_s == pytest.approx(0.8 + 0.1 + 0.1 + 0.09)
+    assert result.router_busy_s == pytest.approx(result.router_cpu_s)
 
 
 def test_hops_and_request_paths_add_up_and_per_item_cpu_scales_with_the_batch() -> None:
