@@ -805,7 +805,7 @@ def calibrate(
     outside the router), measured with this benchmark's client.
 
     Returns the profile with the calibration applied, and what was measured."""
-    arrivals = gamma_arrivals(rate_rps, CALIBRATION_S, cv2=1.0, seed=0)
+    arrivals = gamma_arrivals(rate_rps, CALIBRATION_S, cv2=1.0, seed=0)  # as with_router_cpu's
     procs = served.processes(gen.pid)
     cpu0 = _cpu_s(procs)
     t0 = time.monotonic()
@@ -818,7 +818,14 @@ def calibrate(
     async def measure() -> Calibration:  # on the router's loop, as it records
         return measure_served(served.pipeline, profile, t0, t1, client_latency_s=client)
 
-    calibration = served.call(measure())
+    calibration = with_router_cpu(
+        served.call(measure()),
+        example.topology,
+        example.config,
+        profile,
+        rate_rps,
+        cpu1["router"] - cpu0["router"],
+    )
     window = served.router_window(t0)
     calibrated = calibration.apply(profile)
     assert profile.overhead is not None
@@ -852,6 +859,23 @@ def calibrate(
         },
     }
     return calibrated, info
+
+
+def with_router_cpu(
+    calibration: Calibration,
+    topology: Topology,
+    config: Sequence[StageConfig],
+    profile: PipelineProfile,
+    rate_rps: float,
+    used_s: float,
+) -> Calibration:
+    """``calibration`` with the router's CPU over its run, ``used_s``, scaled against the
+    estimator's on the same arrivals, as ``sloline calibrate`` scales it."""
+    arrivals = gamma_arrivals(rate_rps, CALIBRATION_S, cv2=1.0, seed=0)
+    unscaled = calibration.apply(profile)
+    workload = Workload.build(topology, unscaled, arrivals)
+    estimated = estimate(topology, unscaled, config, workload, service="p50")
+    return calibration.with_router_cpu(used_s, estimated.router_cpu_s)
 
 
 class Budget:
@@ -1224,10 +1248,18 @@ def re_estimate(path: Path) -> None:
     run's own client probe is not stored); the per-stage breakdown keeps the estimates it
     was written with."""
     report = json.loads(path.read_text())
-    rows, repeats = [], []
+    rows, repeats, breakdown = [], [], []
     for name, result in report["examples"].items():
         topology, config, profile = _stored(name, result)
-        calibration = Calibration.from_dict(result["calibration"]["calibration"])
+        info = result["calibration"]
+        calibration = Calibration.from_dict(info["calibration"])
+        if calibration.router_cpu_s is None and "cpu_util" in info:
+            # A run from before the calibration scaled the router: scale it as it would have.
+            used_s = info["cpu_util"]["router"] * calibration.duration_s
+            calibration = with_router_cpu(
+                calibration, topology, config, profile, info["rate_rps"], used_s
+            )
+            info["calibration"] = calibration.to_dict()
         profiles = estimate_profiles(profile, calibration.apply(profile))
         slo_s = result["slo_ms"] / 1e3
         for cell in result["cells"]:
@@ -1239,6 +1271,7 @@ def re_estimate(path: Path) -> None:
                     for m, e in cell["estimated"].items()
                 }
             rows.append(row(name, cell))
+            breakdown.append(breakdown_row(name, cell))
             if "repeats" in cell:
                 repeats.append(repeats_row(name, cell))
     report["re_estimated"] = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -1246,6 +1279,7 @@ def re_estimate(path: Path) -> None:
     print(HEADER + "\n" + "\n".join(rows))
     if repeats:
         print("\n" + REPEATS_HEADER + "\n" + "\n".join(repeats))
+    print("\n" + BREAKDOWN_HEADER + "\n" + "\n".join(breakdown))
 
 
 def _autogroup() -> str:

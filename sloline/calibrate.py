@@ -155,6 +155,7 @@ class InSituRun:
     sent: int
     errors: dict[str, int]
     slo_s: float
+    router_cpu_s: float  # this process's CPU (the router's) while the arrivals were served
 
     @property
     def attainment(self) -> float:
@@ -195,16 +196,21 @@ async def measure_in_situ(
 
         try:
             await send(arrivals_s[arrivals_s < warmup_s])
-            since = served.router.clock()
+            since, cpu0 = served.router.clock(), time.process_time()
             result = await send(arrivals_s)
-            until = served.router.clock()
+            until, cpu1 = served.router.clock(), time.process_time()
         finally:
             client.close()
         done = result["done"]
         client_latency = (done - result["sent"])[np.isfinite(done)]
         calibration = measure_served(served, profile, since, until, client_latency_s=client_latency)
         return InSituRun(
-            calibration, client_latency, int(arrivals_s.size), result["errors"], served.router.slo_s
+            calibration,
+            client_latency,
+            int(arrivals_s.size),
+            result["errors"],
+            served.router.slo_s,
+            cpu1 - cpu0,
         )
 
 

@@ -518,7 +518,10 @@ def _calibration_round(
 
     q = loaded.pipeline.spec.slo.percentile
     run = process.run(measure_in_situ(loaded, plan, profile, arrivals, payloads))
-    calibration = run.calibration
+    # The router's CPU against the estimator's on the same arrivals, everything else
+    # calibrated: the scale of the profile's router costs.
+    estimated = _estimate_on(loaded, catalog, run.calibration.apply(profile), plan, arrivals)
+    calibration = run.calibration.with_router_cpu(run.router_cpu_s, estimated.router_cpu_s)
     calibration.save(out)
     print(f"{calibration.summary()}\ncalibration written to {out}")
     calibrated = calibration.apply(profile)

@@ -16,14 +16,20 @@ the router's own per-batch records of a real run:
 - the in-situ hop: each batch's round trip on the router less the worker's wall time;
 - the request path outside the router, when the load came from a client that timed its
   own requests (``sloline calibrate``): the client's latencies less the router's, matched
-  quantile by quantile (:func:`request_path`).
+  quantile by quantile (:func:`request_path`);
+- the router's CPU, when the arrivals are known (``sloline calibrate``): the CPU its
+  process used over the run against what the estimator gives it on the same arrivals
+  (:meth:`Calibration.with_router_cpu`). Their ratio scales the profile's router costs
+  (per request, batch and item, and its idle penalty): the serving overhead's probe
+  splits them with tiny pipelines, and from run to run its totals move by a third.
 
 :meth:`Calibration.apply` adds each stage's extra time to every batch size of that stage on
 *every* hardware class (the extra is the host's cost of serving the stage, not the model's,
 so it is carried to the classes that were not served; with no in-situ idle gaps left to
 model, the idle penalty is dropped, as the extra already includes the wake-ups at that
 load) and replaces the idle probe's hop samples, and its request-path samples when the
-calibration has them, with the in-situ ones. Served by real traffic, the router does not
+calibration has them, with the in-situ ones, and scales the router's costs when it has
+measured them. Served by real traffic, the router does not
 see its clients, so the request path is then left as profiled.
 
 ``sloline calibrate FILE`` serves the plan under its own planning load and measures all
@@ -120,6 +126,16 @@ class Calibration:
     stages: Mapping[str, StageCalibration]
     hop_s: tuple[float, ...]  # in-situ hop quantiles; () with too few batches
     request_s: tuple[float, ...] = ()  # in-situ request-path quantiles; () when not measured
+    router_cpu_s: float | None = None  # the router's process CPU over the run
+    router_scale: float = 1.0  # router_cpu_s / the estimator's on the same arrivals
+
+    def with_router_cpu(self, used_s: float, estimated_s: float) -> Calibration:
+        """This calibration with the router's CPU over the run, ``used_s``, and its scale
+        against ``estimated_s``, what the estimator gave the router on the same arrivals
+        with this calibration applied (scale 1): clamped to [1/4, 4], and 1 when the
+        estimate has no router CPU (a profile without a serving overhead)."""
+        scale = min(4.0, max(0.25, used_s / estimated_s)) if estimated_s > 0.0 else 1.0
+        return replace(self, router_cpu_s=float(used_s), router_scale=scale)
 
     @classmethod
     def measure(
@@ -207,6 +223,8 @@ class Calibration:
         if self.hop_s:
             overhead = overhead and replace(overhead, hop_s=self.hop_s)
             calibrated = replace(calibrated, hop_s=float(np.median(self.hop_s)))
+        if overhead is not None and self.router_scale != 1.0:
+            overhead = overhead.router_scaled(self.router_scale)
         return replace(calibrated, overhead=overhead)
 
     def summary(self) -> str:
@@ -246,6 +264,12 @@ class Calibration:
                 f"  request path outside the router in situ: P50 {np.median(path) * 1e3:.2f} ms, "
                 f"P99 {np.quantile(path, 0.99) * 1e3:.2f} ms"
             )
+        if self.router_cpu_s is not None:
+            per_request = self.router_cpu_s / max(1, self.requests) * 1e3
+            lines.append(
+                f"  router CPU in situ: {per_request:.2f} ms per request, x{self.router_scale:.2f} "
+                "the profile's on the same arrivals"
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -257,10 +281,13 @@ class Calibration:
             "stages": {name: s.to_dict() for name, s in self.stages.items()},
             "hopSeconds": list(self.hop_s),
             "requestSeconds": list(self.request_s),
+            "routerCpuSeconds": self.router_cpu_s,
+            "routerScale": self.router_scale,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
+        router_cpu = data.get("routerCpuSeconds")
         if data.get("format") != CALIBRATION_FORMAT:
             raise ValueError(
                 f"calibration format {data.get('format')!r} is not {CALIBRATION_FORMAT}; "
@@ -273,6 +300,8 @@ class Calibration:
             stages={str(k): StageCalibration.from_dict(v) for k, v in data["stages"].items()},
             hop_s=tuple(float(v) for v in data["hopSeconds"]),
             request_s=tuple(float(v) for v in data.get("requestSeconds", ())),
+            router_cpu_s=float(router_cpu) if router_cpu is not None else None,
+            router_scale=float(data.get("routerScale", 1.0)),
         )
 
     def save(self, path: Path) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -168,6 +168,20 @@ class ServingOverhead:
         scheduler weighs each nice step 1.25x (``sched_prio_to_weight``: nice 10 is 110
         against nice 0's 1024)."""
         return float(1.25**-self.worker_nice)
+
+    def router_scaled(self, scale: float) -> ServingOverhead:
+        """This overhead with the router's CPU (per request, batch, item and its idle
+        penalty) times ``scale``."""
+        idle = self.router_idle
+        if idle is not None:
+            idle = IdlePenalty(idle.gaps_s, tuple(e * scale for e in idle.extra_s))
+        return replace(
+            self,
+            router_request_cpu_s=self.router_request_cpu_s * scale,
+            router_batch_cpu_s=self.router_batch_cpu_s * scale,
+            router_item_cpu_s=self.router_item_cpu_s * scale,
+            router_idle=idle,
+        )
 
     def router_idle_table(self) -> npt.NDArray[np.float64]:
         """The router's idle penalty as the estimator reads it (``[2, K]``; none: 0)."""

@@ -8,7 +8,9 @@ the whole pipeline at once (InferLine §4.2's discrete-event simulation, extende
 - **the router is one FIFO server.** Every request costs it CPU on arrival and on its
   answer, every batch when it is dispatched and when its result comes back (half of the
   per-batch and per-item cost each time). Jobs wait for the router in the order they
-  arrive, as callbacks wait for one event loop.
+  arrive, as callbacks wait for one event loop. A job that finds the router idle (not one
+  that a finished job queued: that one runs in its wake) also pays the router's idle
+  penalty for the time it sat idle.
 - **replicas follow the router's rules**: a FIFO queue per stage; an idle replica (the
   longest idle first) takes ``min(queue, max_batch)`` items the moment work is pushed or
   it frees; it is busy from that dispatch until the router has taken back its result. In

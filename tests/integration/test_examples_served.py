@@ -144,6 +144,7 @@ def test_digits_cascade_via_cli_with_tritonclient(
     assert 0.0 < fast_stage.service_mean_s < fast_stage.wall_mean_s
     assert calibration.stages["accurate"].batches == items("accurate") - CALIBRATION_WARMUP_BATCHES
     assert len(calibration.hop_s) > 0 and min(calibration.hop_s) >= 0.0
+    assert calibration.router_cpu_s is None and calibration.router_scale == 1.0  # no arrivals
     assert "calibration written to" in output
     planned = subprocess.run(
         [sys.executable, "-m", "sloline", "plan",
@@ -180,6 +181,10 @@ def test_digits_cascade_via_cli_with_tritonclient(
     assert 300 <= measured.requests <= 500, in_situ.stdout  # 4 s of ~100 rps
     assert measured.stages["fast"].batches >= MIN_BATCHES and measured.hop_s
     assert len(measured.request_s) == 1000 and min(measured.request_s) >= 0.0
+    # The router's CPU over the run, and its scale against the estimator's.
+    assert measured.router_cpu_s is not None and measured.router_cpu_s > 0.0
+    assert 0.25 <= measured.router_scale <= 4.0
+    assert "router CPU in situ" in in_situ.stdout
     assert f"of {measured.requests} requests" in in_situ.stdout  # none lost
     assert "estimated P99 of this plan: on the same arrivals" in in_situ.stdout
     assert in_situ.stdout.count("plan for digits-cascade") == 1 + served

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -172,16 +173,50 @@ def test_the_request_path_is_the_client_latency_less_the_router_s_quantile_by_qu
     assert few.apply(profile).overhead.request_s == profile.overhead.request_s  # type: ignore[union-attr]
 
 
+def test_the_router_s_costs_scale_to_the_cpu_it_used() -> None:
+    """The estimator's router CPU on the same arrivals, after the calibration, is the
+    measured one: every router cost (per request, batch, item, idle penalty) scales."""
+    base = _profile()
+    assert base.overhead is not None
+    overhead = replace(base.overhead, router_idle=IdlePenalty((0.01,), (5e-4,)))
+    profile = replace(base, overhead=overhead)
+    topology = Topology.chain(("a", "b"))
+    config = (StageConfig("cpu-1", 4, 1), StageConfig("cpu-1", 1, 1))
+    arrivals = np.arange(200, dtype=np.float64) * 0.05
+
+    def router_cpu_s(p: PipelineProfile) -> float:
+        return estimate(topology, p, config, Workload.build(topology, p, arrivals)).router_cpu_s
+
+    calibration = _measured(extra_s=0.001, hop_s=0.0005)
+    used = router_cpu_s(calibration.apply(profile))
+    assert used > 0.0
+    scaled = calibration.with_router_cpu(1.5 * used, used)
+    assert scaled.router_scale == pytest.approx(1.5)
+    assert router_cpu_s(scaled.apply(profile)) == pytest.approx(1.5 * used)
+    router = scaled.apply(profile).overhead
+    assert router is not None and router.router_idle is not None
+    assert router.router_idle.extra_s == pytest.approx((7.5e-4,))
+    assert router.router_batch_cpu_s == pytest.approx(1.5 * 5e-5)
+    assert "x1.50 the profile's" in scaled.summary()
+    # Clamped; no scale without an estimated router (a profile without serving overhead).
+    assert calibration.with_router_cpu(10.0, 1.0).router_scale == 4.0
+    assert calibration.with_router_cpu(1.0, 0.0).router_scale == 1.0
+
+
 def test_round_trip_and_clear_errors(tmp_path: Path) -> None:
     calibration = _measured(extra_s=0.001, hop_s=0.0005, request_s=np.full(100, 0.002))
+    calibration = calibration.with_router_cpu(0.3, 0.25)
     path = tmp_path / "calibration.json"
     calibration.save(path)
     assert Calibration.load(path) == calibration
-    # `sloline run --calibration-out` files have no request path; older ones lack the key.
+    # `sloline run --calibration-out` files have no request path and no router CPU; older
+    # ones lack the keys.
     data = json.loads(path.read_text())
-    del data["requestSeconds"]
+    for key in ("requestSeconds", "routerCpuSeconds", "routerScale"):
+        del data[key]
     path.write_text(json.dumps(data))
-    assert Calibration.load(path).request_s == ()
+    loaded = Calibration.load(path)
+    assert loaded.request_s == () and loaded.router_cpu_s is None and loaded.router_scale == 1.0
     data = json.loads(path.read_text())
     data["format"] = 0
     path.write_text(json.dumps(data))
