@@ -39,7 +39,8 @@ def _cpu(value: float, what: str) -> float:
     return float(value)
 
 
-def _positive(value: float, what: str) -> float:
+def positive_s(value: float, what: str) -> float:
+    """``value`` as a float, or ValueError naming ``what`` unless it is > 0 and finite."""
     if not (math.isfinite(value) and value > 0.0):
         raise ValueError(f"{what} must be a positive finite number of seconds, got {value!r}")
     return float(value)
@@ -47,13 +48,15 @@ def _positive(value: float, what: str) -> float:
 
 @dataclass(frozen=True, slots=True)
 class IdlePenalty:
-    """Extra service time of a batch that starts on a replica idle for a while.
+    """Extra time of work that starts on a process idle for a while: a batch on a stage's
+    replica (its service time; :class:`~sloline.planner.profile.StageProfile`), or a job
+    of the router's (its CPU; :attr:`ServingOverhead.router_idle`).
 
-    ``extra_s[i]`` is measured after an idle gap of ``gaps_s[i]`` (increasing): the median
-    time of a batch run after sleeping that long, minus the median back to back. It is
-    added to any batch size (it does not scale with the batch: it is the cost of waking up
-    and refilling caches). Between measured gaps it is interpolated linearly, from 0 at a
-    gap of 0, and held at the last value beyond the longest gap.
+    ``extra_s[i]`` is measured after an idle gap of ``gaps_s[i]`` (increasing): for a
+    stage, the median time of a batch run after sleeping that long, minus the median back
+    to back. It is added to any batch size (it does not scale with the batch: it is the
+    cost of waking up and refilling caches). Between measured gaps it is interpolated
+    linearly, from 0 at a gap of 0, and held at the last value beyond the longest gap.
     """
 
     gaps_s: tuple[float, ...]
@@ -66,7 +69,7 @@ class IdlePenalty:
                 f"and {len(self.extra_s)} times"
             )
         for gap in self.gaps_s:
-            _positive(gap, "idle gap")
+            positive_s(gap, "idle gap")
         if any(b <= a for a, b in itertools.pairwise(self.gaps_s)):
             raise ValueError(f"idle gaps must increase, got {self.gaps_s}")
         if any(not (math.isfinite(e) and e >= 0.0) for e in self.extra_s):

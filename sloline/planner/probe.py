@@ -22,8 +22,8 @@ time, the worker's CPU time, the client's latencies and the router's own latenci
   time after each of several gaps, and in bursts of K (where they find the router busy).
   Per request, the spaced runs' router CPU less the bursts' is the extra CPU of waking an
   idle router, by how long it was idle (the gap plus the request's time outside the
-  router); the per-request CPU above, measured with requests spaced, is made that of a
-  busy router by taking the penalty at its own gap off.
+  router). The router's CPU per request is then that of a busy router: a request's CPU in
+  the bursts less a stage visit's.
 
 Everything else is measured at idle (requests spaced by ``gap_s``). Under load the hops and the
 request path are longer, not shorter: at the examples' planned loads a hop took 0.75-0.95
@@ -292,24 +292,26 @@ def measure_overhead(
     async def both(served: Served) -> tuple[_Run, _Run]:
         return await front(served), await inner(served)
 
-    async def run() -> tuple[_Run, _Run, _Run, float, IdlePenalty | None]:
+    async def run() -> tuple[_Run, _Run, _Run, float, tuple[_Run, list[_Run]] | None]:
         one, one_in = await _serve(payload, ["identity"], both)
         two = await _serve(payload, ["identity", "identity"], front)
         if not batching:
             return one, one_in, two, 0.0, None
         batched = await _serve(payload, ["hold"], burst)
         single = await _serve(payload, ["hold"], burst, max_batch=1)
-        busy, spaced = await _serve(payload, ["identity"], idle, max_batch=1)
         # The same bursts of K requests as K batches of one, or as a batch of 1 and one of
         # K - 1: the difference is K - 2 batches' worth of per-batch CPU.
         per_batch = (single.router_cpu_s - batched.router_cpu_s) / (BURST - 2)
-        return one, one_in, two, per_batch, _router_idle(busy, spaced)
+        return one, one_in, two, per_batch, await _serve(payload, ["identity"], idle, max_batch=1)
 
-    one, one_in, two, per_batch, router_idle = process.run(run())
+    one, one_in, two, per_batch, idle_runs = process.run(run())
     visit = max(0.0, two.router_cpu_s - one.router_cpu_s)
     per_request = max(0.0, one.router_cpu_s - visit)
-    if router_idle is not None:  # what a busy router spends: the sequential run less its wake
-        per_request = max(0.0, per_request - router_idle.extra_at(gap_s + _outside(one)))
+    router_idle = None
+    if idle_runs is not None:  # a busy router's: a request's CPU in the bursts less a visit's
+        busy, spaced = idle_runs
+        router_idle = _router_idle(busy, spaced)
+        per_request = max(0.0, busy.router_cpu_s / BURST - visit)
     per_batch = min(max(per_batch, 0.0), visit)
     front_door = max(0.0, one.router_cpu_s - one_in.router_cpu_s)
     n = min(one_in.client_s.size, one_in.service_s.size)

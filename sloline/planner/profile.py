@@ -33,17 +33,11 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from sloline.planner.overhead import IdlePenalty, ServingOverhead
+from sloline.planner.overhead import IdlePenalty, ServingOverhead, positive_s
 
 Stat = Literal["p50", "p99", "mean"]
 
 __all__ = ["BatchLatency", "IdlePenalty", "PipelineProfile", "StageProfile", "Stat"]
-
-
-def _positive(value: float, what: str) -> float:
-    if not (math.isfinite(value) and value > 0.0):
-        raise ValueError(f"{what} must be a positive finite number of seconds, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +54,13 @@ class BatchLatency:
         if self.batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
         what = f"latency of batch {self.batch_size}"
-        p50 = _positive(self.p50_s, f"{what} (p50)")
-        p99 = _positive(self.p99_s, f"{what} (p99)")
-        _positive(self.mean_s, f"{what} (mean)")
+        p50 = positive_s(self.p50_s, f"{what} (p50)")
+        p99 = positive_s(self.p99_s, f"{what} (p99)")
+        positive_s(self.mean_s, f"{what} (mean)")
         if p99 < p50:
             raise ValueError(f"{what}: p99 ({p99!r} s) is below p50 ({p50!r} s)")
         for sample in self.samples_s:
-            _positive(sample, f"{what} (sample)")
+            positive_s(sample, f"{what} (sample)")
 
     def stat_s(self, stat: Stat) -> float:
         """The named statistic in seconds."""
