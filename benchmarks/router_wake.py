@@ -54,8 +54,8 @@ async def measure() -> dict[str, Any]:
         async def body(served: Any) -> list[float]:
             return await _runs(served, [("seq", 300, 0.005), ("burst", 40, BURST_GAP_S)])
 
-        spaced, burst = await probe._serve(PAYLOAD, ["identity"] * n, body, max_batch=1)
-        by_stages[n] = {"spaced_ms": spaced * 1e3, "burst_ms": burst * 1e3}
+        one_by_one, in_bursts = await probe._serve(PAYLOAD, ["identity"] * n, body, max_batch=1)
+        by_stages[n] = {"spaced_ms": one_by_one * 1e3, "burst_ms": in_bursts * 1e3}
 
     async def gaps(served: Any) -> list[float]:
         runs = [("burst", 40, BURST_GAP_S)] + [("seq", 200, g) for g in GAPS_S]
