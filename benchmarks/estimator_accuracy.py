@@ -805,7 +805,7 @@ def calibrate(
     outside the router), measured with this benchmark's client.
 
     Returns the profile with the calibration applied, and what was measured."""
-    arrivals = gamma_arrivals(rate_rps, CALIBRATION_S, cv2=1.0, seed=0)  # as with_router_cpu's
+    arrivals = calibration_arrivals(rate_rps)
     procs = served.processes(gen.pid)
     cpu0 = _cpu_s(procs)
     t0 = time.monotonic()
@@ -823,7 +823,7 @@ def calibrate(
         example.topology,
         example.config,
         profile,
-        rate_rps,
+        arrivals,
         cpu1["router"] - cpu0["router"],
     )
     window = served.router_window(t0)
@@ -861,17 +861,22 @@ def calibrate(
     return calibrated, info
 
 
+def calibration_arrivals(rate_rps: float) -> np.ndarray:
+    """The calibration's trace: CV² 1 at the planned rate, a seed no cell uses."""
+    return gamma_arrivals(rate_rps, CALIBRATION_S, cv2=1.0, seed=0)
+
+
 def with_router_cpu(
     calibration: Calibration,
     topology: Topology,
     config: Sequence[StageConfig],
     profile: PipelineProfile,
-    rate_rps: float,
+    arrivals: np.ndarray,
     used_s: float,
 ) -> Calibration:
-    """``calibration`` with the router's CPU over its run, ``used_s``, scaled against the
-    estimator's on the same arrivals, as ``sloline calibrate`` scales it."""
-    arrivals = gamma_arrivals(rate_rps, CALIBRATION_S, cv2=1.0, seed=0)
+    """``calibration`` with the router's CPU over its run on ``arrivals``, ``used_s``,
+    scaled against the estimator's on the same arrivals, as ``sloline calibrate`` scales
+    it."""
     unscaled = calibration.apply(profile)
     workload = Workload.build(topology, unscaled, arrivals)
     estimated = estimate(topology, unscaled, config, workload, service="p50")
@@ -1214,6 +1219,7 @@ def hop_diagnostic(path: Path) -> None:
     for name, result in report["examples"].items():
         topology, config, profile = _stored(name, result)
         calibration = Calibration.from_dict(result["calibration"]["calibration"])
+        calibrated = calibration.apply(profile)
         slo_s = result["slo_ms"] / 1e3
         for cell in result["cells"]:
             hops_ms = cell["measured"].get("hop_quantiles_ms")
@@ -1221,7 +1227,7 @@ def hop_diagnostic(path: Path) -> None:
                 continue
             own = dataclasses.replace(calibration, hop_s=tuple(h / 1e3 for h in hops_ms))
             profiles: dict[str, tuple[ServiceMode, PipelineProfile]] = {
-                "calibrated": ("p50", calibration.apply(profile)),
+                "calibrated": ("p50", calibrated),
                 "own": ("p50", own.apply(profile)),
             }
             estimated = _estimate_stored(topology, config, profiles, cell, slo_s)
@@ -1256,9 +1262,8 @@ def re_estimate(path: Path) -> None:
         if calibration.router_cpu_s is None and "cpu_util" in info:
             # A run from before the calibration scaled the router: scale it as it would have.
             used_s = info["cpu_util"]["router"] * calibration.duration_s
-            calibration = with_router_cpu(
-                calibration, topology, config, profile, info["rate_rps"], used_s
-            )
+            arrivals = calibration_arrivals(info["rate_rps"])
+            calibration = with_router_cpu(calibration, topology, config, profile, arrivals, used_s)
             info["calibration"] = calibration.to_dict()
         profiles = estimate_profiles(profile, calibration.apply(profile))
         slo_s = result["slo_ms"] / 1e3

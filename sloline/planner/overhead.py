@@ -92,7 +92,7 @@ class IdlePenalty:
         return np.array([(0.0, *self.gaps_s), (0.0, *self.extra_s)], dtype=np.float64)
 
     def extra_at(self, gap_s: float) -> float:
-        """Extra service time after ``gap_s`` seconds idle."""
+        """Extra time after ``gap_s`` seconds idle."""
         table = self.table()
         return float(np.interp(gap_s, table[0], table[1]))
 

@@ -306,9 +306,9 @@ def measure_overhead(
 
     one, one_in, two, per_batch, idle_runs = process.run(run())
     visit = max(0.0, two.router_cpu_s - one.router_cpu_s)
-    per_request = max(0.0, one.router_cpu_s - visit)
-    router_idle = None
-    if idle_runs is not None:  # a busy router's: a request's CPU in the bursts less a visit's
+    if idle_runs is None:  # a router woken by every request: the spaced requests' CPU
+        router_idle, per_request = None, max(0.0, one.router_cpu_s - visit)
+    else:  # a busy router's: a request's CPU in the bursts less a visit's
         busy, spaced = idle_runs
         router_idle = _router_idle(busy, spaced)
         per_request = max(0.0, busy.router_cpu_s / BURST - visit)
