@@ -85,7 +85,7 @@ from sloline.serving.process import ChildProcess
 process.use_grpc_iomgr()
 
 from sloline.backends.local import WORKER_NICE  # noqa: E402
-from sloline.calibrate import DRAIN_S, measure_served  # noqa: E402
+from sloline.calibrate import DRAIN_S, measure_served, run_client  # noqa: E402
 from sloline.calibrate import replay as replay_arrivals  # noqa: E402
 from sloline.embedded import EmbeddedPipeline, EmbeddedSettings  # noqa: E402
 from sloline.embedded import StageConfig as ServedConfig  # noqa: E402
@@ -171,7 +171,7 @@ def _loadgen_process(
     scheduling group, and the client should compete for the cores like another tenant,
     not inside the router's share."""
     os.setsid()
-    asyncio.run(_loadgen_main(conn, url, model, payloads, datatypes))
+    run_client(_loadgen_main(conn, url, model, payloads, datatypes))
 
 
 async def _loadgen_main(
