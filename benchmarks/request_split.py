@@ -1,4 +1,5 @@
-"""Where a request's time goes, and what the workers' lower priority changes.
+"""Where a request's time goes, and what the workers' lower priority and the client's
+pacing change.
 
 The example pipeline is served embedded with its plan (as ``estimator_accuracy.py``
 serves it), once with the workers at nice 0 (the router's priority) and once at the
@@ -19,19 +20,29 @@ ends for each id. Per query, on one clock (CLOCK_MONOTONIC in both processes):
 Each row gives the P50 and P99 of each part and of the whole (from the scheduled send),
 and the share of queries within the SLO.
 
+``--clients`` picks how the client paces its sends, each run in turn: ``precise`` (the
+client as ``sloline calibrate`` runs it: a ``select(2)`` loop, polling the last 0.3 ms
+before a send) and ``polled`` (the client before it: asyncio's epoll loop, whose timers
+round up to whole milliseconds, polling the last 1.5 ms). The client's CPU over the run
+is reported beside.
+
     python benchmarks/request_split.py [--example digits-cascade] [--rate 200] [--cv2 4]
                                        [--duration-s 60] [--reps 2] [--nices 0 10]
+                                       [--clients precise polled]
 
 Prints a markdown table and writes
-benchmarks/results/request_split-EXAMPLE-RATErps-cv2-CV2.json. Results and analysis:
-docs/planner.md, "Worker priority".
+benchmarks/results/request_split-EXAMPLE-RATErps-cv2-CV2[-clients].json (or ``--out``).
+Results and analysis: docs/planner.md, "Worker priority" and "The client's polling".
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import itertools
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,7 +50,9 @@ from typing import Any
 
 import estimator_accuracy as ea  # first: sets up gRPC as the serving process does
 import numpy as np
+import psutil  # type: ignore[import-untyped]
 
+from sloline import calibrate
 from sloline.backends.local import WORKER_NICE
 from sloline.calibrate import client_process
 from sloline.planner.profiler import ProfilerSettings
@@ -67,17 +80,28 @@ def _record_handler_times() -> None:
     grpc_frontdoor.InferenceServicer.ModelInfer = timed  # type: ignore[method-assign]
 
 
+def polled_client_process(conn: Any, url: str, model: str, payloads: Any, ids: int) -> None:
+    """`client_process` as it was: on asyncio's default (epoll) loop, polling the last
+    1.5 ms before each send."""
+    os.setsid()
+    calibrate.SPIN_S = 0.0015
+    asyncio.run(calibrate._client_main(conn, url, model, payloads, ids))
+
+
+CLIENTS = {"precise": client_process, "polled": polled_client_process}
+
+
 def _ms(values: np.ndarray, q: float) -> float:
     return ea.percentile(values[np.isfinite(values)], q) * 1e3
 
 
 def measure(
-    example: ea.Example, worker_nice: int, arrivals: np.ndarray, rate: float
+    example: ea.Example, worker_nice: int, client_kind: str, arrivals: np.ndarray, rate: float
 ) -> dict[str, Any]:
     with ea.Served(example.loaded, example.served_configs, worker_nice=worker_nice) as served:
         client = process.ChildProcess(
             "client",
-            client_process,
+            CLIENTS[client_kind],
             served.pipeline.grpc_url,
             example.loaded.name,
             example.payloads,
@@ -86,7 +110,11 @@ def measure(
         try:
             client.call(gamma_arrivals(rate, 5.0, cv2=4.0, seed=999), 120.0)  # warm-up
             HANDLER.clear()
+            cpu0 = sum(psutil.Process(client.pid).cpu_times()[:2])
             result = client.call(arrivals, float(arrivals[-1]) + 120.0)
+            client_cores = (sum(psutil.Process(client.pid).cpu_times()[:2]) - cpu0) / float(
+                arrivals[-1]
+            )
         finally:
             client.close()
     scheduled = result["start"] + arrivals
@@ -101,6 +129,8 @@ def measure(
     missed = ~np.isfinite(total) | (total > example.slo_s)
     return {
         "worker_nice": worker_nice,
+        "client": client_kind,
+        "client_cores": client_cores,
         "queries": int(arrivals.size),
         "errors": result["errors"],
         "p50_ms": _ms(total, 50.0),
@@ -118,7 +148,9 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=60.0)
     parser.add_argument("--reps", type=int, default=2, help="runs per nice value")
     parser.add_argument("--nices", type=int, nargs="+", default=[0, WORKER_NICE])
+    parser.add_argument("--clients", nargs="+", default=["precise"], choices=sorted(CLIENTS))
     parser.add_argument("--seed", type=int, default=6)
+    parser.add_argument("--out", type=Path, default=None, help="results file")
     args = parser.parse_args()
     _record_handler_times()
     example = ea.prepare(args.example, ProfilerSettings())
@@ -126,25 +158,30 @@ def main() -> None:
     arrivals = gamma_arrivals(args.rate, args.duration_s, cv2=args.cv2, seed=args.seed)
     runs = []
     print(
-        "| workers' nice | run | P50 ms | P99 ms | within SLO | "
+        "| workers' nice | client | client cores | run | P50 ms | P99 ms | within SLO | "
         + " | ".join(f"{p}: P50 / P99 ms" for p in PARTS)
-        + "\n|---:|---:|---:|---:|---:|"
+        + "\n|---:|---|---:|---:|---:|---:|---:|"
         + "---:|" * len(PARTS)
     )
     for rep in range(args.reps):
-        for nice in args.nices:
-            print(f"{args.example}: workers at nice {nice}, run {rep + 1} ...", file=sys.stderr)
-            run = measure(example, nice, arrivals, args.rate)
+        for nice, kind in itertools.product(args.nices, args.clients):
+            print(
+                f"{args.example}: workers at nice {nice}, {kind} client, run {rep + 1} ...",
+                file=sys.stderr,
+            )
+            run = measure(example, nice, kind, arrivals, args.rate)
             runs.append(run)
             parts = run["parts"]
             cells = [f"{parts[p]['p50_ms']:.2f} / {parts[p]['p99_ms']:.1f}" for p in PARTS]
             print(
-                f"| {nice} | {rep + 1} | {run['p50_ms']:.1f} | {run['p99_ms']:.1f} | "
+                f"| {nice} | {kind} | {run['client_cores']:.3f} | {rep + 1} "
+                f"| {run['p50_ms']:.1f} | {run['p99_ms']:.1f} | "
                 f"{run['attainment']:.2%} | " + " | ".join(cells) + " |",
                 flush=True,
             )
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"request_split-{args.example}-{args.rate:g}rps-cv2-{args.cv2:g}.json"
+    name = f"request_split-{args.example}-{args.rate:g}rps-cv2-{args.cv2:g}"
+    out = args.out or RESULTS / f"{name}{'-clients' if args.clients != ['precise'] else ''}.json"
     report = {"settings": vars(args), "slo_ms": example.slo_s * 1e3, "runs": runs}
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}", file=sys.stderr)
