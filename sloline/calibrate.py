@@ -81,7 +81,9 @@ async def replay(
     Returns ``start``, per request ``sent`` and ``done`` (``perf_counter``, i.e.
     CLOCK_MONOTONIC as the router's ``time.monotonic``; NaN where there was no answer) and
     ``errors`` (message -> count). Bounded: nothing more is sent beyond ``max_outstanding``
-    requests in flight, and answers are awaited at most ``drain_s`` after the last send."""
+    requests in flight, and answers are awaited at most ``drain_s`` after the last send.
+    Run it under :func:`run_client`: on asyncio's default loop the sleep before a send
+    ends up to 1 ms late."""
     n = arrivals_s.size
     sent = np.full(n, math.nan)
     done = np.full(n, math.nan)
