@@ -10,8 +10,9 @@ time, the worker's CPU time, the client's latencies and the router's own latenci
 
 - router CPU per request with one stage R1 and with two R2: per stage visit R2 - R1, per
   request the rest; the same bursts of K requests into the holding stage served as K
-  batches of one or as two batches differ by K - 2 batches' CPU, which splits a visit's
-  CPU into a per-batch and a per-item part;
+  batches of one or as two batches differ by K - 2 batches' CPU and K - 2 wake-ups of
+  an idle router (less the idle penalty below), which splits a visit's CPU into a
+  per-batch and a per-item part;
 - the same requests sent in process (``Router.infer``, no front door) give the router's
   CPU without the front door R1_in and its latency; per request, that latency minus the
   model time and R1_in is one hop sample (wire, wake-ups, the worker's decode/encode);
@@ -299,20 +300,19 @@ def measure_overhead(
             return one, one_in, two, 0.0, None
         batched = await _serve(payload, ["hold"], burst)
         single = await _serve(payload, ["hold"], burst, max_batch=1)
-        # The same bursts of K requests as K batches of one, or as a batch of 1 and one of
-        # K - 1: the difference is K - 2 batches' worth of per-batch CPU.
-        per_batch = (single.router_cpu_s - batched.router_cpu_s) / (BURST - 2)
-        return one, one_in, two, per_batch, await _serve(payload, ["identity"], idle, max_batch=1)
+        more = (single.router_cpu_s - batched.router_cpu_s) / (BURST - 2)
+        return one, one_in, two, more, await _serve(payload, ["identity"], idle, max_batch=1)
 
-    one, one_in, two, per_batch, idle_runs = process.run(run())
+    one, one_in, two, more, idle_runs = process.run(run())
     visit = max(0.0, two.router_cpu_s - one.router_cpu_s)
     if idle_runs is None:  # a router woken by every request: the spaced requests' CPU
-        router_idle, per_request = None, max(0.0, one.router_cpu_s - visit)
+        router_idle, per_request, wake = None, max(0.0, one.router_cpu_s - visit), 0.0
     else:  # a busy router's: a request's CPU in the bursts less a visit's
         busy, spaced = idle_runs
         router_idle = _router_idle(busy, spaced)
         per_request = max(0.0, busy.router_cpu_s / BURST - visit)
-    per_batch = min(max(per_batch, 0.0), visit)
+        wake = router_idle.extra_at(HOLD_S)
+    per_batch = batch_cpu_s(more, wake, visit)
     front_door = max(0.0, one.router_cpu_s - one_in.router_cpu_s)
     n = min(one_in.client_s.size, one_in.service_s.size)
     hop = one_in.client_s[:n] - one_in.service_s[:n] - one_in.router_cpu_s
@@ -338,6 +338,19 @@ def _outside(run: _Run) -> float:
     """The median time of a request outside the router: with requests one at a time, how
     long the router sits idle between one answer and the next request besides the gap."""
     return float(np.median(run.client_s) - np.median(run.router_s))
+
+
+def batch_cpu_s(more_s: float, wake_s: float, visit_s: float) -> float:
+    """The router's CPU per batch, of a stage visit's ``visit_s``.
+
+    The same bursts of K requests into the holding stage, served as K batches of one
+    rather than as a batch of 1 and one of K - 1, cost the router ``more_s`` more per each
+    of the K - 2 extra batches. Each extra batch's result also comes back to a router
+    that sat idle for the hold (HOLD_S), whose wake-up the estimator charges apart, as
+    the router's idle penalty (``wake_s`` at that gap; 0 where it is not measured): that
+    is not per-batch CPU. Without it, the per-batch cost took the whole visit and the
+    per-item none, and batching seemed to make the router's work vanish at high load."""
+    return min(max(more_s - wake_s, 0.0), visit_s)
 
 
 def _router_idle(busy: _Run, spaced: list[_Run]) -> IdlePenalty:

@@ -58,7 +58,7 @@ Progress = Callable[[str], None]
 # Part of the cache key: profiles measured before the idle penalty are measured again.
 PROFILE_FORMAT = b"2"
 # Part of the serving overhead's cache key: bump it when the probe measures differently.
-OVERHEAD_FORMAT = b"4"
+OVERHEAD_FORMAT = b"5"
 
 
 @dataclass(frozen=True, slots=True)
