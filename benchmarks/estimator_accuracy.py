@@ -818,13 +818,8 @@ def calibrate(
     async def measure() -> Calibration:  # on the router's loop, as it records
         return measure_served(served.pipeline, profile, t0, t1, client_latency_s=client)
 
-    calibration = with_router_cpu(
-        served.call(measure()),
-        example.topology,
-        example.config,
-        profile,
-        arrivals,
-        cpu1["router"] - cpu0["router"],
+    calibration = served.call(measure()).with_router_cpu_on(
+        cpu1["router"] - cpu0["router"], example.topology, profile, example.config, arrivals
     )
     window = served.router_window(t0)
     calibrated = calibration.apply(profile)
@@ -864,23 +859,6 @@ def calibrate(
 def calibration_arrivals(rate_rps: float) -> np.ndarray:
     """The calibration's trace: CV² 1 at the planned rate, a seed no cell uses."""
     return gamma_arrivals(rate_rps, CALIBRATION_S, cv2=1.0, seed=0)
-
-
-def with_router_cpu(
-    calibration: Calibration,
-    topology: Topology,
-    config: Sequence[StageConfig],
-    profile: PipelineProfile,
-    arrivals: np.ndarray,
-    used_s: float,
-) -> Calibration:
-    """``calibration`` with the router's CPU over its run on ``arrivals``, ``used_s``,
-    scaled against the estimator's on the same arrivals, as ``sloline calibrate`` scales
-    it."""
-    unscaled = calibration.apply(profile)
-    workload = Workload.build(topology, unscaled, arrivals)
-    estimated = estimate(topology, unscaled, config, workload, service="p50")
-    return calibration.with_router_cpu(used_s, estimated.router_cpu_s)
 
 
 class Budget:
@@ -1263,7 +1241,9 @@ def re_estimate(path: Path) -> None:
             # A run from before the calibration scaled the router: scale it as it would have.
             used_s = info["cpu_util"]["router"] * calibration.duration_s
             arrivals = calibration_arrivals(info["rate_rps"])
-            calibration = with_router_cpu(calibration, topology, config, profile, arrivals, used_s)
+            calibration = calibration.with_router_cpu_on(
+                used_s, topology, profile, config, arrivals
+            )
             info["calibration"] = calibration.to_dict()
         profiles = estimate_profiles(profile, calibration.apply(profile))
         slo_s = result["slo_ms"] / 1e3

@@ -514,14 +514,17 @@ def _calibration_round(
     import numpy as np
 
     from sloline.calibrate import measure_in_situ
+    from sloline.planner.problem import PlanningProblem
     from sloline.serving import process
 
     q = loaded.pipeline.spec.slo.percentile
     run = process.run(measure_in_situ(loaded, plan, profile, arrivals, payloads))
     # The router's CPU against the estimator's on the same arrivals, everything else
     # calibrated: the scale of the profile's router costs.
-    estimated = _estimate_on(loaded, catalog, run.calibration.apply(profile), plan, arrivals)
-    calibration = run.calibration.with_router_cpu(run.router_cpu_s, estimated.router_cpu_s)
+    topology = PlanningProblem.from_graph(loaded.graph, profile, catalog, arrivals).topology
+    calibration = run.calibration.with_router_cpu_on(
+        run.router_cpu_s, topology, profile, plan.config, arrivals
+    )
     calibration.save(out)
     print(f"{calibration.summary()}\ncalibration written to {out}")
     calibrated = calibration.apply(profile)

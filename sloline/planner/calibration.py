@@ -42,15 +42,19 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
+
+if TYPE_CHECKING:
+    from sloline.planner.config import StageConfig
+    from sloline.planner.topology import Topology
 
 __all__ = [
     "CALIBRATION_FORMAT",
@@ -136,6 +140,24 @@ class Calibration:
         estimate has no router CPU (a profile without a serving overhead)."""
         scale = min(4.0, max(0.25, used_s / estimated_s)) if estimated_s > 0.0 else 1.0
         return replace(self, router_cpu_s=float(used_s), router_scale=scale)
+
+    def with_router_cpu_on(
+        self,
+        used_s: float,
+        topology: Topology,
+        profile: PipelineProfile,
+        config: Sequence[StageConfig],
+        arrivals_s: npt.NDArray[np.float64],
+    ) -> Calibration:
+        """:meth:`with_router_cpu` against the estimator's router CPU on ``arrivals_s``,
+        the arrivals the router served while it used ``used_s``: ``config`` (topology
+        order) simulated with ``profile`` and this calibration applied (scale 1)."""
+        from sloline.planner.estimator import Workload, estimate  # numba: only when used
+
+        applied = self.apply(profile)
+        workload = Workload.build(topology, applied, arrivals_s)
+        estimated = estimate(topology, applied, config, workload)
+        return self.with_router_cpu(used_s, estimated.router_cpu_s)
 
     @classmethod
     def measure(
@@ -287,12 +309,12 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
-        router_cpu = data.get("routerCpuSeconds")
         if data.get("format") != CALIBRATION_FORMAT:
             raise ValueError(
                 f"calibration format {data.get('format')!r} is not {CALIBRATION_FORMAT}; "
                 "measure it again with this version (`sloline run --calibration-out`)"
             )
+        router_cpu = data.get("routerCpuSeconds")
         return cls(
             pipeline=str(data["pipeline"]),
             duration_s=float(data["durationSeconds"]),
