@@ -621,6 +621,7 @@ def cmd_profile_stage(args: argparse.Namespace) -> int:
         cap=args.cap,
         repeats=args.repeats,
         budget_s=args.budget_s,
+        cuda_device=args.cuda_device,
     )
     Path(args.out).write_text(json.dumps(measured.to_dict()))
     return 0
@@ -681,6 +682,7 @@ def _profile_job_message(args: argparse.Namespace) -> str:
         hw,
         ProfilerSettings(max_batch_cap=args.cap, repeats=args.repeats, budget_s=args.budget_s),
         hop_requests=args.hop_requests,
+        cuda_device=args.cuda_device,
         progress=lambda msg: print(msg, file=sys.stderr, flush=True),
     )
     return encode_message(message)
@@ -894,6 +896,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("--cap", type=int, default=32)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--budget-s", type=float, default=2.0)
+    p.add_argument("--cuda-device", type=int, default=None)
     p.set_defaults(func=cmd_profile_stage)
 
     p = sub.add_parser(
@@ -914,6 +917,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
         default=300,
         help="requests for the per-hop overhead measurement; 0 skips it",
     )
+    p.add_argument("--cuda-device", type=int, default=None, help="GPU for ONNX/TorchScript")
     p.set_defaults(func=cmd_profile_job)
 
     _add_operator_parser(sub)

@@ -393,6 +393,8 @@ def render_profiling_job(
     if profiling.hop_s is not None:  # the planner takes the setting: no probe to run
         flags["--hop-requests"] = 0
     args = _flags("profile-job", flags)
+    if hw.accelerator == "gpu":
+        args += ["--cuda-device", "0"]  # as the worker's: the device plugin's one GPU
     container = _container(
         "profiler",
         settings,

@@ -56,7 +56,7 @@ from sloline.spec import HardwareCatalog, HardwareClass, Issue, LoadedPipeline, 
 Arrays = dict[str, np.ndarray]
 Progress = Callable[[str], None]
 # Part of the cache key: profiles measured before the idle penalty are measured again.
-PROFILE_FORMAT = b"2"
+PROFILE_FORMAT = b"3"
 # Part of the serving overhead's cache key: bump it when the probe measures differently.
 OVERHEAD_FORMAT = b"5"
 
@@ -195,11 +195,14 @@ def measure_stage(
     cap: int,
     repeats: int,
     budget_s: float,
+    cuda_device: int | None = None,
 ) -> StageMeasurement:
     """Time one stage in this process (the body of `sloline profile-stage`)."""
     from sloline.spec import load_pipeline
 
-    runner = load_pipeline_stage(load_pipeline(pipeline_file), stage, threads=threads)
+    runner = load_pipeline_stage(
+        load_pipeline(pipeline_file), stage, threads=threads, cuda_device=cuda_device
+    )
     items = _load_inputs(inputs_file)
     points = time_batches(runner, items, cap=cap, repeats=repeats, budget_s=budget_s)
     return StageMeasurement(tuple(points), time_idle_penalty(runner, items))
@@ -269,6 +272,7 @@ def _profile_in_worker(
     hw: HardwareClass,
     inputs_file: Path,
     settings: ProfilerSettings,
+    progress: Progress,
 ) -> StageProfile:
     with tempfile.TemporaryDirectory(prefix="sloline-profile-") as tmp:
         out = Path(tmp) / "profile.json"
@@ -296,6 +300,8 @@ def _profile_in_worker(
         ]
         if hw.embedded.cpus:
             cmd += ["--cpus", ",".join(map(str, hw.embedded.cpus))]
+        if hw.embedded.cuda_device is not None:
+            cmd += ["--cuda-device", str(hw.embedded.cuda_device)]
         threads = str(hw.embedded.threads)
         env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
@@ -303,6 +309,10 @@ def _profile_in_worker(
             raise RuntimeError(
                 f"profiling stage {stage!r} on {hw.name!r} failed:\n{done.stderr.strip()[-2000:]}"
             )
+        # E.g. a GPU class whose device the runtime could not get: measured on the CPU.
+        for line in done.stderr.splitlines():
+            if "Warning: " in line:
+                progress(f"warning: {stage} on {hw.name}: {line.split('Warning: ', 1)[1]}")
         measured = StageMeasurement.from_dict(json.loads(out.read_text()))
     return StageProfile(
         hardware=hw.name, points=measured.points, idle=measured.idle, cores=_cores(hw)
@@ -369,7 +379,7 @@ def profile_pipeline(
                     progress(f"[{done}/{total}] {stage} on {name}: cached")
                 else:
                     progress(f"[{done}/{total}] {stage} on {name}: measuring ...")
-                    profile = _profile_in_worker(loaded, stage, hw, inputs_file, settings)
+                    profile = _profile_in_worker(loaded, stage, hw, inputs_file, settings, progress)
                     path.write_text(json.dumps(profile.to_dict()))
                 stages[stage][name] = profile
     cores = usable_cores()
@@ -420,19 +430,23 @@ def profile_job(
     settings: ProfilerSettings | None = None,
     *,
     hop_requests: int = 300,
+    cuda_device: int | None = None,
     progress: Progress = lambda _msg: None,
 ) -> ProfileMessage:
     """Profile one stage on the hardware this process runs on (`sloline profile-job`, the
     body of a Kubernetes profiling Job): trace the samples in process for the stage's
-    inputs and the visit matrix, time the stage with the class's thread budget, and
-    measure the per-hop overhead on loopback (skipped when `hop_requests` is 0)."""
+    inputs and the visit matrix, time the stage with the class's thread budget (on GPU
+    `cuda_device`, if given), and measure the per-hop overhead on loopback (skipped when
+    `hop_requests` is 0)."""
     settings = settings or ProfilerSettings()
     samples = load_samples(loaded, settings.samples)
     progress(f"tracing {len(samples)} sample(s) through {loaded.name!r} ...")
     stage_inputs, visits = trace_samples(loaded, samples)
     inputs = (stage_inputs[stage] or _fallback_inputs(loaded, stage))[: settings.max_batch_cap * 2]
     progress(f"timing {stage} with {hw.embedded.threads} thread(s) ...")
-    runner = load_pipeline_stage(loaded, stage, threads=hw.embedded.threads)
+    runner = load_pipeline_stage(
+        loaded, stage, threads=hw.embedded.threads, cuda_device=cuda_device
+    )
     points = time_batches(
         runner,
         inputs,

@@ -228,6 +228,8 @@ def test_a_fixed_hop_setting_skips_the_jobs_hop_probe() -> None:
 
 
 def test_hardware_class_placement_and_models_volume() -> None:
+    from sloline.cli import build_parser
+
     settings = gpu_settings()
     t = Target.of(pipeline_object(DIGITS, annotations={"sloline.dev/model-dir": "shared/d"}))
     objects = everything(t, settings, "gpu-l4")
@@ -238,6 +240,9 @@ def test_hardware_class_placement_and_models_volume() -> None:
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert worker["args"][-2:] == ["--cuda-device", "0"]
+    # The profiling Job times the stage on the GPU it is placed with, not on its CPU.
+    (profiler,) = containers(find(objects, "Job", "digits-cascade-profile-fast-gpu-l4"))
+    assert build_parser().parse_args(profiler["args"]).cuda_device == 0
     assert worker["image"] == settings.runtime_image
     assert worker["imagePullPolicy"] == "Always"
     env = {e["name"]: e.get("value") for e in worker["env"]}
