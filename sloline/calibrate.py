@@ -36,6 +36,7 @@ from sloline.planner.calibration import Calibration, request_path
 from sloline.planner.plan import Plan
 from sloline.planner.profile import PipelineProfile
 from sloline.spec import LoadedPipeline
+from sloline.spec.hardware import HardwareCatalog
 
 if TYPE_CHECKING:
     from sloline.embedded import EmbeddedPipeline
@@ -188,16 +189,20 @@ async def measure_in_situ(
     profile: PipelineProfile,
     arrivals_s: np.ndarray,
     payloads: list[Arrays],
+    catalog: HardwareCatalog,
     *,
     warmup_s: float = WARMUP_S,
 ) -> InSituRun:
-    """Serve ``plan`` embedded (ephemeral ports, tuner off), send ``arrivals_s`` through
-    the gRPC front door after ``warmup_s`` of the same trace unmeasured, and measure."""
+    """Serve ``plan`` embedded on ``catalog``'s classes (ephemeral ports, tuner off), send
+    ``arrivals_s`` through the gRPC front door after ``warmup_s`` of the same trace
+    unmeasured, and measure."""
     from sloline.embedded import EmbeddedPipeline, EmbeddedSettings, stage_configs
     from sloline.serving import process
     from sloline.serving.server import ServerSettings
 
-    settings = EmbeddedSettings(server=ServerSettings(http_port=0, grpc_port=0), tuner=False)
+    settings = EmbeddedSettings(
+        server=ServerSettings(http_port=0, grpc_port=0), catalog=catalog, tuner=False
+    )
     configs = stage_configs(loaded, settings, plan)
     async with EmbeddedPipeline(loaded, settings, configs=configs, plan=plan) as served:
         await served.wait_ready(180.0)

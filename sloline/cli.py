@@ -518,7 +518,7 @@ def _calibration_round(
     from sloline.serving import process
 
     q = loaded.pipeline.spec.slo.percentile
-    run = process.run(measure_in_situ(loaded, plan, profile, arrivals, payloads))
+    run = process.run(measure_in_situ(loaded, plan, profile, arrivals, payloads, catalog))
     # The router's CPU against the estimator's on the same arrivals, everything else
     # calibrated: the scale of the profile's router costs.
     topology = PlanningProblem.from_graph(loaded.graph, profile, catalog, arrivals).topology

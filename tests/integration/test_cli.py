@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,6 +84,22 @@ def test_calibration_flags_are_checked_before_anything_is_profiled(tmp_path: Pat
     result = sloline("calibrate", str(NOOP), "-o", str(tmp_path / "no" / "c.json"))
     assert result.returncode == 2 and "--out:" in result.stderr
     assert "no such directory" in result.stderr
+
+
+def test_calibrate_serves_the_plan_on_the_catalog_it_was_made_with(tmp_path: Path) -> None:
+    """A plan on a class only the user's catalog has (as a GPU class is) is served on
+    that catalog, not rejected as unknown by the default one."""
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text("classes:\n  - {name: solo, costPerHour: 0.05, embedded: {threads: 1}}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "sloline", "calibrate", str(NOOP), "--catalog", str(catalog),
+         "--cache-dir", str(tmp_path / "profiles"), "--duration", "2",
+         "-o", str(tmp_path / "c.json")],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^s1 +solo ", result.stdout, re.MULTILINE), result.stdout
+    assert "measured: P99" in result.stdout and (tmp_path / "c.json").is_file()
 
 
 def test_missing_model_file_says_how_to_build(tmp_path: Path) -> None:
