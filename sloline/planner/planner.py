@@ -137,18 +137,32 @@ def _bottleneck(
     return None if best is None else best[1]
 
 
+def _replica_cap(problem: PlanningProblem, name: str, hardware: str) -> int:
+    """The most replicas the search gives a stage on ``hardware``: its bound, and where the
+    router and workers share the machine's cores (the embedded mode), no more than run at
+    once on those cores; one more would only share them, adding no throughput. Without
+    this cap an unreachable load grew every stage to the bound (256) one estimate at a
+    time, for many minutes, before the planner could say that it is infeasible."""
+    lo, hi = problem.replica_bounds(name)
+    overhead = problem.profile.overhead
+    if overhead is None or overhead.cores is None:
+        return hi
+    fit = overhead.cores // problem.stage_profile(name, hardware).cores
+    return max(lo, min(hi, fit or 1))
+
+
 def _can_grow(problem: PlanningProblem, m: int, c: StageConfig) -> bool:
     name = problem.topology.stages[m]
-    return c.replicas < problem.replica_bounds(name)[1] or c.max_batch < max(
+    return c.replicas < _replica_cap(problem, name, c.hardware) or c.max_batch < max(
         problem.batch_options(name, c.hardware)
     )
 
 
 def _grow(problem: PlanningProblem, m: int, c: StageConfig) -> StageConfig:
-    """Add a replica; at the replica bound, double the batch instead (our extension: it
+    """Add a replica; at the replica cap, double the batch instead (our extension: it
     keeps guarantee (1) when a replica bound, absent from the paper, binds)."""
     name = problem.topology.stages[m]
-    if c.replicas < problem.replica_bounds(name)[1]:
+    if c.replicas < _replica_cap(problem, name, c.hardware):
         return replace(c, replicas=c.replicas + 1)
     return replace(c, max_batch=min(2 * c.max_batch, max(problem.batch_options(name, c.hardware))))
 
@@ -175,11 +189,15 @@ def initialize(problem: PlanningProblem, evaluator: Evaluator) -> Config:
         feasible = _grow_until_feasible(problem, evaluator, start)
         if feasible is not None:
             return feasible
+    overhead = problem.profile.overhead
+    cores = overhead.cores if overhead is not None else None
+    where = f" or on all {cores} cores the workers share" if cores is not None else ""
+    more = "give it more cores or faster hardware, " if cores is not None else ""
     raise InfeasibleError(
         "ReplicaLimit",
-        f"with every stage at its replica bound and batch cap the estimated "
+        f"with every stage at its replica bound{where} and at its batch cap the estimated "
         f"P{problem.percentile:g} latency still exceeds the SLO "
-        f"({problem.slo_s * 1e3:.1f} ms); raise maxReplicas or relax the SLO",
+        f"({problem.slo_s * 1e3:.1f} ms); {more}raise maxReplicas or relax the SLO",
     )
 
 
@@ -272,7 +290,7 @@ def _downgrade_local(
     name = problem.topology.stages[m]
     budget = config[m].replicas * problem.hardware_costs[config[m].hardware]
     unit = problem.hardware_costs[hardware]
-    lo, hi = problem.replica_bounds(name)
+    lo, hi = problem.replica_bounds(name)[0], _replica_cap(problem, name, hardware)
     if unit > 0.0:
         hi = min(hi, math.ceil(budget / unit) + 1)
         while hi >= lo and round(hi * unit, 9) >= round(budget, 9):

@@ -184,6 +184,41 @@ def test_with_shared_cores_a_start_other_than_the_fastest_hardware_is_found() ->
     assert planned.tail_s <= problem.slo_s
 
 
+def test_with_shared_cores_no_stage_grows_past_the_replicas_that_fit_on_them() -> None:
+    """Two cores shared: a third one-thread replica (a second two-thread one) of a stage
+    adds no throughput. A load far beyond the cores is declared infeasible without growing
+    any stage further, naming the cores, where the bound of 256 took minutes."""
+    overhead = ServingOverhead(0.0, 0.0, 0.0, 0.0, (1e-5,), (0.0,), cores=2)
+    two_threads = StageProfile.from_latencies("cpu-2", {1: 0.004, 2: 0.007})
+    stage = {
+        "cpu-1": StageProfile.from_latencies("cpu-1", {1: 0.006, 2: 0.011}),
+        "cpu-2": dataclasses.replace(two_threads, cores=2),
+    }
+    problem = PlanningProblem(
+        topology=Topology.chain(["a", "b"]),
+        profile=PipelineProfile({"a": stage, "b": stage}, hop_s=1e-5, overhead=overhead),
+        hardware_costs={"cpu-1": 0.05, "cpu-2": 0.10},
+        slo_s=0.05,
+        arrivals_s=gamma_arrivals(2000.0, 2.0, seed=1),  # 12 cores of work at batch 1
+        name="overloaded",
+    )
+    seen: list[Config] = []
+
+    class Recording(Evaluator):
+        def evaluate(self, config: Config):  # type: ignore[no-untyped-def]
+            seen.append(config)
+            return super().evaluate(config)
+
+    with pytest.raises(InfeasibleError) as info:
+        plan(problem, Recording(problem))
+    assert info.value.reason == "ReplicaLimit"
+    assert "or on all 2 cores the workers share" in str(info.value)
+    assert seen
+    for cfg in seen:
+        for c in cfg:
+            assert c.replicas <= (1 if c.hardware == "cpu-2" else 2), cfg
+
+
 def test_a_loose_slo_moves_the_dnn_to_the_cheaper_hardware_and_batches() -> None:
     tight = plan(two_stage(60.0, slo_s=0.03))
     loose = plan(two_stage(60.0, slo_s=0.5))
