@@ -145,6 +145,7 @@ SERVICE_MODES: tuple[ServiceMode, ...] = ("p50", "samples")
 TIMEOUT_MS = 30_000  # no deadline drops (the estimator does not simulate them)
 CALIBRATION_S = 20.0  # per example, at the planned load: what the profile misses in situ
 CALIBRATED = "calibrated"  # the estimate with the calibrated profile (service "p50")
+CALIBRATED_SAMPLES = "calibrated_samples"  # the same profile, service "samples"
 CLIENT_PROBE_S = 4.0  # before each cell: the load generator's CPU per request at its load
 TARGET_ERROR = 0.15
 # Other tenants of the shared machine: a cell waits for them to go quiet (at most
@@ -566,10 +567,12 @@ def estimate_cell(
 def estimate_profiles(
     profile: PipelineProfile, calibrated: PipelineProfile
 ) -> dict[str, tuple[ServiceMode, PipelineProfile]]:
-    """The benchmark's three estimates: the profile in each service mode, and the
-    calibrated profile with service ``p50``."""
+    """The benchmark's four estimates: the profile, then the calibrated profile, each with
+    service ``p50`` (the planner's) and ``samples`` (each batch draws from the profiled
+    spread, shifted by the calibration's extra)."""
     runs: dict[str, tuple[ServiceMode, PipelineProfile]] = {m: (m, profile) for m in SERVICE_MODES}
     runs[CALIBRATED] = ("p50", calibrated)
+    runs[CALIBRATED_SAMPLES] = ("samples", calibrated)
     return runs
 
 
@@ -1019,9 +1022,11 @@ def _err(error: float) -> str:
 HEADER = (
     "| example | rate rps | CV² | queries | measured P99 ms | est. P99 ms (p50) | error | "
     "est. P99 ms (samples) | error | est. P99 ms (calibrated) | error | "
-    "router-side P99 ms | measured attainment | est. attainment (p50 / calibrated) | "
+    "est. P99 ms (calibrated, samples) | error | "
+    "router-side P99 ms | measured attainment | "
+    "est. attainment (p50 / calibrated / calibrated, samples) | "
     "est. time ms (p50 / samples) | load avg |\n"
-    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -1033,8 +1038,10 @@ def row(name: str, cell: dict[str, Any]) -> str:
         f"{m['p99_ms']:.1f} | {e['p50']['p99_ms']:.1f} | {_err(cell['error']['p50'])} | "
         f"{e['samples']['p99_ms']:.1f} | {_err(cell['error']['samples'])} | "
         f"{e[CALIBRATED]['p99_ms']:.1f} | {_err(cell['error'][CALIBRATED])} | "
+        f"{e[CALIBRATED_SAMPLES]['p99_ms']:.1f} | {_err(cell['error'][CALIBRATED_SAMPLES])} | "
         f"{m['router_p99_ms']:.1f} | {m['attainment'] * 100:.2f}% | "
-        f"{e['p50']['attainment'] * 100:.2f}% / {e[CALIBRATED]['attainment'] * 100:.2f}% | "
+        f"{e['p50']['attainment'] * 100:.2f}% / {e[CALIBRATED]['attainment'] * 100:.2f}% / "
+        f"{e[CALIBRATED_SAMPLES]['attainment'] * 100:.2f}% | "
         f"{e['p50']['time_ms']:.1f} / {e['samples']['time_ms']:.1f} | {load:.1f} |"
     )
 
@@ -1185,18 +1192,24 @@ def _estimate_stored(
 
 def hop_diagnostic(path: Path) -> None:
     """Per cell: the calibrated estimate again with the hops that cell measured in place
-    of the calibration's (measured at the planned load only). If that closes the gap to
-    the measured P99, a hop model that follows load is what the estimator lacks; if not,
-    the error is elsewhere. Needs a results file with ``hop_quantiles_ms`` per cell."""
+    of the calibration's (measured at the planned load only), then also with the mean
+    in-situ service time per batch that cell measured for every stage. If the first
+    closes the gap to the measured P99, a hop model that follows load is what the
+    estimator lacks; if only the second does, an in-situ service time that follows load;
+    if neither, the error is elsewhere (e.g. the spread of the service time, which the
+    ``p50`` mode does not simulate). Needs a results file with ``hop_quantiles_ms`` per
+    cell."""
     report = json.loads(path.read_text())
     print(
         "| example | rate rps | CV² | measured P99 ms | hop P50 / P99 ms (cell; calibration) "
-        "| est. P99 ms (calibrated) | error | est. P99 ms (cell's own hops) | error |"
+        "| est. P99 ms (calibrated) | error | est. P99 ms (cell's own hops) | error "
+        "| est. P99 ms (cell's own hops and service) | error |"
     )
-    print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for name, result in report["examples"].items():
         topology, config, profile = _stored(name, result)
-        calibration = Calibration.from_dict(result["calibration"]["calibration"])
+        stored = result["calibration"]["calibration"]
+        calibration = Calibration.from_dict(stored)
         calibrated = calibration.apply(profile)
         slo_s = result["slo_ms"] / 1e3
         for cell in result["cells"]:
@@ -1207,6 +1220,7 @@ def hop_diagnostic(path: Path) -> None:
             profiles: dict[str, tuple[ServiceMode, PipelineProfile]] = {
                 "calibrated": ("p50", calibrated),
                 "own": ("p50", own.apply(profile)),
+                "own_service": ("p50", _with_cell_service(own, stored, cell).apply(profile)),
             }
             estimated = _estimate_stored(topology, config, profiles, cell, slo_s)
             measured = cell["measured"]["p99_ms"]
@@ -1222,6 +1236,24 @@ def hop_diagnostic(path: Path) -> None:
                 )
                 + "|"
             )
+
+
+def _with_cell_service(
+    calibration: Calibration, stored: dict[str, Any], cell: dict[str, Any]
+) -> Calibration:
+    """``calibration`` with each stage's in-situ service (CPU and wall per batch, mean
+    batch) as ``cell`` measured it instead of at the planned load."""
+    doc = json.loads(json.dumps(stored))
+    for stage, seen in cell["stages"].items():
+        if stage in doc["stages"] and seen.get("batches"):
+            doc["stages"][stage].update(
+                serviceMeanSeconds=seen["service_cpu_mean_ms"] / 1e3,
+                wallMeanSeconds=seen["service_mean_ms"] / 1e3,
+                profileMeanSeconds=seen["profile_mean_ms"] / 1e3,
+                meanBatch=seen["mean_batch"],
+                batches=seen["batches"],
+            )
+    return dataclasses.replace(Calibration.from_dict(doc), hop_s=calibration.hop_s)
 
 
 def re_estimate(path: Path) -> None:
@@ -1351,8 +1383,8 @@ def main() -> None:
         type=Path,
         metavar="RESULTS",
         default=None,
-        help="only estimate each cell of a results file again with the hops that cell "
-        "measured (no serving)",
+        help="only estimate each cell of a results file again with the hops, then also "
+        "the service times, that cell measured (no serving)",
     )
     parser.add_argument(
         "--out",
