@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from sloline.planner.config import Config, StageConfig
 from sloline.planner.estimator import Workload, estimate
-from sloline.planner.evaluator import Evaluator
+from sloline.planner.evaluator import Evaluation, Evaluator
 from sloline.planner.optimum import optimal_config
 from sloline.planner.overhead import ServingOverhead
 from sloline.planner.planner import (
@@ -158,11 +158,11 @@ def test_infeasible_slo_is_reported_with_a_reason() -> None:
     assert "raise maxReplicas" in str(info.value)
 
 
-def test_with_shared_cores_a_start_other_than_the_fastest_hardware_is_found() -> None:
-    """On one shared core a two-thread replica runs at half speed, so 'cpu-2' (fastest by
-    its profile: 5 ms) takes 10 ms in situ and 'cpu-1' 6 ms; more replicas add nothing.
-    Two stages in a chain at low load: 20 ms from the paper's start, 12 ms on cpu-1."""
-    overhead = ServingOverhead(0.0, 0.0, 0.0, 0.0, (1e-5,), (0.0,), cores=1)
+def shared_cores_chain(cores: int, **changes: object) -> PlanningProblem:
+    """Two stages in a chain on `cores` shared cores, each on 'cpu-1' (6 ms at batch 1) or
+    the two-thread 'cpu-2' (5 ms by its profile), at 10 rps evenly spaced: nothing
+    queues."""
+    overhead = ServingOverhead(0.0, 0.0, 0.0, 0.0, (1e-5,), (0.0,), cores=cores)
     two_threads = StageProfile.from_latencies("cpu-2", {1: 0.005, 2: 0.008})
     stage = {
         "cpu-1": StageProfile.from_latencies("cpu-1", {1: 0.006, 2: 0.010}),
@@ -173,10 +173,18 @@ def test_with_shared_cores_a_start_other_than_the_fastest_hardware_is_found() ->
         profile=PipelineProfile({"a": stage, "b": stage}, hop_s=1e-5, overhead=overhead),
         hardware_costs={"cpu-1": 0.05, "cpu-2": 0.10},
         slo_s=0.015,
-        arrivals_s=np.arange(0.0, 20.0, 0.1),  # 10 rps, evenly spaced: nothing queues
+        arrivals_s=np.arange(0.0, 20.0, 0.1),
         max_replicas=4,
         name="shared",
     )
+    return dataclasses.replace(problem, **changes)  # type: ignore[arg-type]
+
+
+def test_with_shared_cores_a_start_other_than_the_fastest_hardware_is_found() -> None:
+    """On one shared core a two-thread replica runs at half speed, so 'cpu-2' (fastest by
+    its profile: 5 ms) takes 10 ms in situ and 'cpu-1' 6 ms; more replicas add nothing.
+    Two stages in a chain at low load: 20 ms from the paper's start, 12 ms on cpu-1."""
+    problem = shared_cores_chain(1)
     fastest = tuple(StageConfig("cpu-2", 1, 1) for _ in range(2))
     assert tail_s(problem, fastest) > problem.slo_s  # the paper's start, at any growth
     planned = plan(problem)
@@ -188,24 +196,16 @@ def test_with_shared_cores_no_stage_grows_past_the_replicas_that_fit_on_them() -
     """Two cores shared: a third one-thread replica (a second two-thread one) of a stage
     adds no throughput. A load far beyond the cores is declared infeasible without growing
     any stage further, naming the cores, where the bound of 256 took minutes."""
-    overhead = ServingOverhead(0.0, 0.0, 0.0, 0.0, (1e-5,), (0.0,), cores=2)
-    two_threads = StageProfile.from_latencies("cpu-2", {1: 0.004, 2: 0.007})
-    stage = {
-        "cpu-1": StageProfile.from_latencies("cpu-1", {1: 0.006, 2: 0.011}),
-        "cpu-2": dataclasses.replace(two_threads, cores=2),
-    }
-    problem = PlanningProblem(
-        topology=Topology.chain(["a", "b"]),
-        profile=PipelineProfile({"a": stage, "b": stage}, hop_s=1e-5, overhead=overhead),
-        hardware_costs={"cpu-1": 0.05, "cpu-2": 0.10},
+    problem = shared_cores_chain(
+        2,
         slo_s=0.05,
         arrivals_s=gamma_arrivals(2000.0, 2.0, seed=1),  # 12 cores of work at batch 1
-        name="overloaded",
+        max_replicas=256,
     )
     seen: list[Config] = []
 
     class Recording(Evaluator):
-        def evaluate(self, config: Config):  # type: ignore[no-untyped-def]
+        def evaluate(self, config: Config) -> Evaluation:
             seen.append(config)
             return super().evaluate(config)
 
@@ -214,9 +214,9 @@ def test_with_shared_cores_no_stage_grows_past_the_replicas_that_fit_on_them() -
     assert info.value.reason == "ReplicaLimit"
     assert "or on all 2 cores the workers share" in str(info.value)
     assert seen
-    for cfg in seen:
-        for c in cfg:
-            assert c.replicas <= (1 if c.hardware == "cpu-2" else 2), cfg
+    for config in seen:
+        for c in config:
+            assert c.replicas <= (1 if c.hardware == "cpu-2" else 2), config
 
 
 def test_a_loose_slo_moves_the_dnn_to_the_cheaper_hardware_and_batches() -> None:
