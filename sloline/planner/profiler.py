@@ -55,7 +55,8 @@ from sloline.spec import HardwareCatalog, HardwareClass, Issue, LoadedPipeline, 
 
 Arrays = dict[str, np.ndarray]
 Progress = Callable[[str], None]
-# Part of the cache key: profiles measured before the idle penalty are measured again.
+# Part of the cache key: bump it when stages are timed differently (2: the idle penalty;
+# 3: GPU classes on their device).
 PROFILE_FORMAT = b"3"
 # Part of the serving overhead's cache key: bump it when the probe measures differently.
 OVERHEAD_FORMAT = b"5"
