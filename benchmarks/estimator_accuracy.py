@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import dataclasses
 import gc
 import json
@@ -1243,7 +1244,7 @@ def _with_cell_service(
 ) -> Calibration:
     """``calibration`` with each stage's in-situ service (CPU and wall per batch, mean
     batch) as ``cell`` measured it instead of at the planned load."""
-    doc = json.loads(json.dumps(stored))
+    doc = copy.deepcopy(stored)
     for stage, seen in cell["stages"].items():
         if stage in doc["stages"] and seen.get("batches"):
             doc["stages"][stage].update(

@@ -514,16 +514,15 @@ def _calibration_round(
     import numpy as np
 
     from sloline.calibrate import measure_in_situ
-    from sloline.planner.problem import PlanningProblem
+    from sloline.planner.topology import Topology
     from sloline.serving import process
 
     q = loaded.pipeline.spec.slo.percentile
     run = process.run(measure_in_situ(loaded, plan, profile, arrivals, payloads, catalog))
     # The router's CPU against the estimator's on the same arrivals, everything else
     # calibrated: the scale of the profile's router costs.
-    topology = PlanningProblem.from_graph(loaded.graph, profile, catalog, arrivals).topology
     calibration = run.calibration.with_router_cpu_on(
-        run.router_cpu_s, topology, profile, plan.config, arrivals
+        run.router_cpu_s, Topology.from_graph(loaded.graph), profile, plan.config, arrivals
     )
     calibration.save(out)
     print(f"{calibration.summary()}\ncalibration written to {out}")

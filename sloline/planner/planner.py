@@ -144,11 +144,17 @@ def _replica_cap(problem: PlanningProblem, name: str, hardware: str) -> int:
     this cap an unreachable load grew every stage to the bound (256) one estimate at a
     time, for many minutes, before the planner could say that it is infeasible."""
     lo, hi = problem.replica_bounds(name)
-    overhead = problem.profile.overhead
-    if overhead is None or overhead.cores is None:
+    cores = _shared_cores(problem)
+    if cores is None:
         return hi
-    fit = overhead.cores // problem.stage_profile(name, hardware).cores
+    fit = cores // problem.stage_profile(name, hardware).cores
     return max(lo, min(hi, fit or 1))
+
+
+def _shared_cores(problem: PlanningProblem) -> int | None:
+    """The cores the router and every worker share (the embedded mode), else None."""
+    overhead = problem.profile.overhead
+    return overhead.cores if overhead is not None else None
 
 
 def _can_grow(problem: PlanningProblem, m: int, c: StageConfig) -> bool:
@@ -189,8 +195,7 @@ def initialize(problem: PlanningProblem, evaluator: Evaluator) -> Config:
         feasible = _grow_until_feasible(problem, evaluator, start)
         if feasible is not None:
             return feasible
-    overhead = problem.profile.overhead
-    cores = overhead.cores if overhead is not None else None
+    cores = _shared_cores(problem)
     where = f" or on all {cores} cores the workers share" if cores is not None else ""
     more = "give it more cores or faster hardware, " if cores is not None else ""
     raise InfeasibleError(
