@@ -119,6 +119,8 @@ def test_random_interleavings(  # noqa: PLR0912 - a branch per random operation
         elif op == "tick":
             now += arg
             m.apply(q.cancel_expired(now))
+        # Work-conserving: no worker idles while work waits, isolation batches included.
+        assert q.workers == q.busy_workers or len(q) == 0
     # Drain: a worker (re)joins whenever none is left; poison keeps killing workers.
     spare = 100
     while m.held or len(q):
