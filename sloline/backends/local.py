@@ -9,8 +9,9 @@ so when the cores are short the router should not wait behind a worker (measured
 docs/planner.md, "Worker priority"). A
 worker whose parent dies gets SIGTERM from the kernel (the worker sets Linux
 `PR_SET_PDEATHSIG` itself, so no fork-time hook is needed), so no orphans survive a crash
-of `sloline run`. Crashed workers are restarted (with backoff if
-they keep crashing); scale-down sends SIGTERM, and the worker finishes its batch first.
+of `sloline run`. Crashed workers are restarted at once, with a short backoff per stage
+if they keep crashing (`RestartPolicy`); scale-down sends SIGTERM, and the worker finishes
+its batch first.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +35,40 @@ from sloline.spec import HardwareClass
 log = logging.getLogger(__name__)
 
 WORKER_NICE = 10  # workers' nice value above the router's
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """When a stage whose worker crashed may start workers again.
+
+    A worker that had connected to the router (it loaded, warmed up and served) is
+    restarted at once: it died of something it was given - a request that kills its
+    worker, which the router isolates and fails (serving/queue.py) - or of something
+    passing (OOM, kill -9), and every restart lets the router go on isolating. A worker
+    that dies before it connects is in a start-up crash loop: the first such crash after
+    a quiet spell restarts at once, and each further one less than `reset_after_s` after
+    the one before doubles the wait, from `first_delay_s` up to `max_delay_s`. So a
+    stage is never left without workers for longer than `max_delay_s` (plus a worker's
+    start-up) while starting one is possible.
+
+    Kubernetes backs off from 10 s doubling to 5 minutes (CrashLoopBackOff), and resets
+    after 10 minutes of running: it guards a shared cluster from pods that flap, and a
+    Deployment's other pods serve meanwhile. Here the workers are one pipeline's on one
+    machine, and a stage has nowhere else to run: a long wait is an outage of the whole
+    pipeline. A cap of a few seconds still keeps a worker that cannot start from spending
+    the cores on start-ups (about one per `max_delay_s` per replica, niced below the
+    router).
+    """
+
+    first_delay_s: float = 0.1
+    max_delay_s: float = 2.0
+    reset_after_s: float = 10.0
+
+    def delay(self, streak: int) -> float:
+        """The wait after the `streak`-th crash in a row (1 = the first)."""
+        if streak <= 1:
+            return 0.0
+        return min(self.max_delay_s, self.first_delay_s * 2.0 ** (streak - 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +95,9 @@ class _Stage:
     desired: int
     replicas: list[_Replica] = field(default_factory=list)
     restarts: int = 0
-    crash_times: list[float] = field(default_factory=list)
+    streak: int = 0  # crashes in a row, each less than reset_after_s after the one before
+    last_crash: float = float("-inf")
+    start_after: float = float("-inf")  # no new worker before this (restart backoff)
     last_error: str = ""
 
 
@@ -77,6 +115,7 @@ class LocalBackend:
         poll_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
         worker_nice: int = WORKER_NICE,
+        restart: RestartPolicy | None = None,
     ) -> None:
         if not 0 <= worker_nice <= 19:
             raise ValueError(f"worker_nice must be 0-19 (a lower priority), got {worker_nice}")
@@ -87,6 +126,7 @@ class LocalBackend:
         self.grace_s = grace_s
         self.poll_s = poll_s
         self.clock = clock
+        self.restart = restart or RestartPolicy()
         self._stages = {s.stage: _Stage(s, s.replicas) for s in stages}
         self._monitor: asyncio.Task[None] | None = None
         self._counter = 0
@@ -229,9 +269,8 @@ class LocalBackend:
                     self._spawn(stage)
 
     def _may_restart(self, stage: _Stage, now: float) -> bool:
-        """Back off when a stage keeps crashing: at most 5 crashes per 30 s."""
-        stage.crash_times = [t for t in stage.crash_times if now - t < 30.0]
-        return len(stage.crash_times) < 5
+        """False while the stage waits out its restart backoff (`RestartPolicy`)."""
+        return now >= stage.start_after
 
     def _reap(self) -> None:
         now = self.clock()
@@ -244,9 +283,20 @@ class LocalBackend:
                 if replica.stopping or replica.outgoing:  # an outgoing one is not replaced
                     continue
                 stage.restarts += 1
-                stage.crash_times.append(now)
-                stage.last_error = f"worker pid {replica.process.pid} exited with {code}: " + (
-                    _tail(replica.log_path)
+                served = _connected(replica.log_path)
+                if served or now - stage.last_crash >= self.restart.reset_after_s:
+                    stage.streak = 0
+                stage.streak += 1
+                stage.last_crash = now
+                delay = self.restart.delay(stage.streak)
+                stage.start_after = max(stage.start_after, now + delay)
+                backoff = (
+                    f" (crash {stage.streak} in a row before it connected: restart in "
+                    f"{delay:.1f} s)"
+                ) * (delay > 0)
+                stage.last_error = (
+                    f"worker pid {replica.process.pid} exited with {code}{backoff}: "
+                    + _tail(replica.log_path)
                 )
                 log.warning("stage %s: %s", name, stage.last_error)
 
@@ -259,6 +309,20 @@ class LocalBackend:
 
 def _counted(replica: _Replica) -> bool:
     return not (replica.stopping or replica.outgoing)
+
+
+# What a worker logs when it has connected to the router (model_server/worker.py).
+_CONNECTED = re.compile(rb"sloline\.model_server\.worker: stage \S+ connected to ")
+
+
+def _connected(log: Path, limit: int = 1 << 20) -> bool:
+    """Whether the worker logging to `log` connected to the router (the line comes
+    after loading and warm-up, near the start of its log)."""
+    try:
+        with log.open("rb") as f:
+            return _CONNECTED.search(f.read(limit)) is not None
+    except OSError:
+        return False
 
 
 def _tail(path: Path, lines: int = 3) -> str:

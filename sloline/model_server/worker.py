@@ -154,6 +154,8 @@ class Worker:
                 raise ConnectionError("router closed the stream before welcoming this worker")
             if first[0].welcome.error:
                 raise SystemExit(f"router refused this worker: {first[0].welcome.error}")
+            # The local backend reads this line to tell a crash after start-up from a
+            # start-up crash loop (backends/local.py, `_connected`): keep its wording.
             log.info("stage %s connected to %s", self.settings.stage, self.settings.router)
             self.health.connected = True
             try:

@@ -313,8 +313,9 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             ),
             Panel(
                 "Stage errors and re-queued items",
-                "Items failed in a stage (model_error: the model raised; worker_lost: its "
-                "worker died twice) and items re-queued after their worker died.",
+                "Items failed in a stage (model_error: the model raised; worker_lost: a "
+                "request that kept killing its worker, isolated and failed) and items "
+                "re-queued after their worker died.",
                 (
                     Query(
                         "sum by (pipeline, stage, reason) (rate(sloline_stage_errors_total"

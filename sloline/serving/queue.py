@@ -6,7 +6,17 @@ simulates, so planned latencies hold in production. The queue is a synchronous s
 machine with no I/O: every call takes `now` and returns what to do (batches to send,
 items that expired or failed), and the router performs it. Every pushed item leaves the
 queue exactly once: in a completed batch, expired (deadline passed or request cancelled),
-or failed (its worker died while holding it `max_attempts` times).
+or failed (a worker died holding it alone in its batch, `max_attempts` deaths or more).
+
+Poison isolation. When a worker dies, the items of its batch go back to the head of the
+FIFO in order (a worker also dies for reasons of its own: OOM, kill -9), and the next
+idle worker takes its usual batch from there. When a worker dies holding a batch again -
+some item in it has now been held by `max_attempts` dead workers - the batch is split in
+two and each half becomes an isolation batch: dispatched alone, as it is, ahead of the
+FIFO, to any idle worker. A half that dies again is split again, recursively, until the
+item that kills its workers dies alone in a batch: only that item fails, and its
+batch-mates complete. An item is held by at most ``max_attempts +
+ceil(log2(max_batch))`` dead workers (5 at max batch 8).
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ class WorkItem:
     inputs: dict[str, Tensor]
     deadline: float
     enqueued_at: float = 0.0
-    attempts: int = 0  # how many times it was handed to a worker
+    attempts: int = 0  # times handed to a worker (= dead workers that held it, once it dies)
     cancelled: bool = False  # its request already failed or finished elsewhere
 
 
@@ -49,7 +59,8 @@ class Step:
 
     dispatches: list[Dispatch] = field(default_factory=list)
     expired: list[WorkItem] = field(default_factory=list)  # fail with DeadlineExceeded
-    failed: list[WorkItem] = field(default_factory=list)  # fail: worker died twice
+    # fail: a worker died holding it alone in its batch, its `attempts`-th death
+    failed: list[WorkItem] = field(default_factory=list)
     completed: list[WorkItem] = field(default_factory=list)  # deliver results
 
 
@@ -64,6 +75,9 @@ class StageQueue:
         self.capacity = capacity
         self.max_attempts = max_attempts
         self._items: deque[WorkItem] = deque()
+        # Halves of batches whose workers died repeatedly: each goes to a worker alone, as
+        # it is, before the FIFO's work (module docstring, "Poison isolation").
+        self._isolating: deque[list[WorkItem]] = deque()
         self._idle: deque[Hashable] = deque()  # workers holding a credit, longest idle first
         self._busy: dict[Hashable, Dispatch] = {}
         self._draining: set[Hashable] = set()
@@ -73,7 +87,12 @@ class StageQueue:
         self._batch_ids = count(1)
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._items) + sum(map(len, self._isolating))
+
+    @property
+    def isolating(self) -> int:
+        """Items waiting in isolation batches (already counted in `len`)."""
+        return sum(map(len, self._isolating))
 
     @property
     def workers(self) -> int:
@@ -87,7 +106,7 @@ class StageQueue:
         return sum(len(d.items) for d in self._busy.values())
 
     def push(self, item: WorkItem, now: float) -> Step:
-        if len(self._items) >= self.capacity:
+        if len(self) >= self.capacity:
             raise QueueFull(f"stage {self.stage!r} queue is full ({self.capacity} items)")
         item.enqueued_at = now
         self._items.append(item)
@@ -125,8 +144,10 @@ class StageQueue:
         return worker in self._draining
 
     def remove_worker(self, worker: Hashable, now: float) -> Step:
-        """The worker is gone. Its in-flight batch goes back to the head of the queue in
-        order, once; items that already had `max_attempts` tries fail instead."""
+        """The worker is gone. The first time a worker dies holding an item, the item goes
+        back to the head of the FIFO in order. A batch holding an item that has now died
+        `max_attempts` times is split into two isolation batches; such an item alone in
+        its batch fails instead (module docstring, "Poison isolation")."""
         self._draining.discard(worker)
         self._limits.pop(worker, None)
         if worker in self._idle:
@@ -134,15 +155,19 @@ class StageQueue:
         step = Step()
         dispatch = self._busy.pop(worker, None)
         if dispatch is not None:
-            retry = []
+            live: list[WorkItem] = []
             for item in dispatch.items:
-                if item.cancelled:
-                    step.expired.append(item)
-                elif item.attempts >= self.max_attempts:
-                    step.failed.append(item)
+                (step.expired if item.cancelled else live).append(item)
+            if any(item.attempts >= self.max_attempts for item in live):
+                if len(dispatch.items) == 1:  # alone in its batch: it killed the worker
+                    step.failed.extend(live)
+                elif len(live) == 1:  # its batch-mates left; one of them may be the poison
+                    self._isolating.appendleft(live)
                 else:
-                    retry.append(item)
-            self._items.extendleft(reversed(retry))
+                    half = (len(live) + 1) // 2
+                    self._isolating.extendleft((live[half:], live[:half]))
+            else:
+                self._items.extendleft(reversed(live))
         return self._dispatch(now, step)
 
     def cancel_expired(self, now: float) -> Step:
@@ -153,23 +178,51 @@ class StageQueue:
             for item in self._items:
                 (step.expired if item.cancelled or item.deadline <= now else keep).append(item)
             self._items = keep
+        if self._isolating:
+            groups: deque[list[WorkItem]] = deque()
+            for group in self._isolating:
+                live = _live(group, now, step)
+                if live:
+                    groups.append(live)
+            self._isolating = groups
         return step
 
     def _dispatch(self, now: float, step: Step) -> Step:
+        isolating = self._isolating
+        while self._idle and isolating:
+            batch = _live(isolating.popleft(), now, step)
+            limit = self._limits.get(self._idle[0], self.max_batch)
+            if len(batch) > limit:  # a worker of a smaller re-planned batch: take a part
+                isolating.appendleft(batch[limit:])
+                batch = batch[:limit]
+            if batch:
+                self._send(batch, step)
         items = self._items
         while self._idle and items:
-            batch: list[WorkItem] = []
+            batch = []
             limit = self._limits.get(self._idle[0], self.max_batch)
             while items and len(batch) < limit:
                 item = items.popleft()
                 if item.cancelled or item.deadline <= now:
                     step.expired.append(item)
                     continue
-                item.attempts += 1
                 batch.append(item)
             if batch:
-                worker = self._idle.popleft()
-                dispatch = Dispatch(worker, next(self._batch_ids), batch)
-                self._busy[worker] = dispatch
-                step.dispatches.append(dispatch)
+                self._send(batch, step)
         return step
+
+    def _send(self, batch: list[WorkItem], step: Step) -> None:
+        for item in batch:
+            item.attempts += 1
+        worker = self._idle.popleft()
+        dispatch = Dispatch(worker, next(self._batch_ids), batch)
+        self._busy[worker] = dispatch
+        step.dispatches.append(dispatch)
+
+
+def _live(group: list[WorkItem], now: float, step: Step) -> list[WorkItem]:
+    """The items of `group` still wanted; the others go to `step.expired`."""
+    live: list[WorkItem] = []
+    for item in group:
+        (step.expired if item.cancelled or item.deadline <= now else live).append(item)
+    return live

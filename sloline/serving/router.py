@@ -8,9 +8,10 @@ ready, and the output stage's values are the response.
 
 Failure rules (the issue's contract): a request past its deadline is failed with 504
 and its queued work is dropped rather than occupying a worker; a worker that dies
-mid-batch has that batch re-queued once at the head, and failed explicitly the second
-time; a full stage queue or too many requests in flight answer 503 with a retry hint;
-every request is answered exactly once.
+mid-batch has that batch re-queued once at the head; if workers die holding it again it
+is split until the request that kills them is alone, and only that one fails; a full
+stage queue or too many requests in flight answer 503 with a retry hint; every request
+is answered exactly once.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class RouterSettings:
     queue_capacity: int = 1024  # items per stage queue before shedding (503)
     max_inflight: int = 4096  # requests in the router at once before shedding (503)
     deadline_factor: float = 2.0  # default deadline = factor x SLO latency
-    max_attempts: int = 2  # dispatches per item: a dead worker's batch is retried once
+    max_attempts: int = 2  # worker deaths per item before its batch is split (queue.py)
     retry_after_s: float = 0.1  # hint sent with 503s
     expiry_interval_s: float = 0.01  # how often queued work is checked for deadlines
 
@@ -356,7 +357,8 @@ class Router:
             self.metrics.stage_errors.labels(self.name, queue.stage, "worker_lost").inc()
             item.request.fail(
                 StageFailed(
-                    f"stage {queue.stage!r}: its worker died twice while processing this request"
+                    f"stage {queue.stage!r}: this request killed its worker {item.attempts} "
+                    "times; it was isolated (alone in its batch) and failed"
                 )
             )
 

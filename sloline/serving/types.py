@@ -118,7 +118,7 @@ class DeadlineExceeded(InferenceError):
 
 
 class StageFailed(InferenceError):
-    """A model raised, or its worker died twice while holding the request."""
+    """A model raised, or the request kept killing its worker (isolated, then failed)."""
 
     status = 500
 
