@@ -73,8 +73,11 @@ class EmbeddedSettings:
 
 
 def check_models(loaded: LoadedPipeline) -> None:
-    """Fail early, with the fix, when a stage's model file is missing."""
-    issues = []
+    """Fail early, with the fix, when a stage's model file is missing or a path or
+    entrypoint of the spec leads outside the model directory."""
+    issues = loaded.check_files()
+    if issues:
+        raise PipelineError(issues, f"pipeline {loaded.name!r}")
     for i, stage in enumerate(loaded.pipeline.spec.stages):
         if stage.model.uri and not loaded.resolve(stage.model.uri).exists():
             hint = ""
