@@ -406,3 +406,35 @@ def test_copy_of_the_noop_folder_is_valid(folder: Path, capsys: pytest.CaptureFi
     code, err = validate(folder / "pipeline.yaml", capsys)
     assert code == 0, err
     shutil.rmtree(folder)
+
+
+# ------------------------------------------------------------------ admission (CRD rules)
+
+
+@pytest.mark.parametrize(
+    ("where", "uri", "message"),
+    [
+        ("stage", "../../../etc/hostname", ".spec.stages[2]: model.uri must be a path relative"),
+        ("stage", "/etc/hostname", ".spec.stages[2]: model.uri must be a path relative"),
+        ("stage", "models/..", ".spec.stages[2]: model.uri must be a path relative"),
+        ("samples", "a/../../b.npz", ".spec.samples: samples.uri must be a path relative"),
+        ("trace", "/etc/passwd", ".spec.workload: traceUri must be a path relative"),
+    ],
+)
+def test_the_crd_rejects_escaping_paths_at_admission(where: str, uri: str, message: str) -> None:
+    from tests.unit.spec.test_crd_validation import failed_rules, schema_errors
+
+    doc = yaml.safe_load(NOOP.read_text())
+    assert failed_rules(doc) == []
+    if where == "stage":
+        doc["spec"]["stages"][2]["model"] = {"runtime": "onnx", "uri": uri}
+    elif where == "samples":
+        doc["spec"]["samples"] = {"uri": uri}
+    else:
+        doc["spec"]["workload"] = {"traceUri": uri}
+    assert schema_errors(doc) == []
+    (failed,) = failed_rules(doc)
+    assert failed.startswith(message), failed
+    doc_ok = yaml.safe_load(NOOP.read_text())
+    doc_ok["spec"]["stages"][2]["model"] = {"runtime": "onnx", "uri": "models/a..b.onnx"}
+    assert failed_rules(doc_ok) == []
