@@ -64,6 +64,9 @@ def _assignments(values: Sequence[str], flag: str, kind: type = int) -> dict[str
 
 def cmd_validate(args: argparse.Namespace) -> int:
     loaded = load_pipeline(args.file)
+    issues = loaded.check_files()
+    if issues:
+        raise PipelineError(issues, str(args.file))
     spec = loaded.pipeline.spec
     print(
         f"ok: pipeline {loaded.name!r}: {len(spec.stages)} stages "

@@ -73,9 +73,13 @@ class EmbeddedSettings:
 
 
 def check_models(loaded: LoadedPipeline) -> None:
-    """Fail early, with the fix, when a stage's model file is missing."""
-    issues = []
+    """Fail early, with the fix, when a stage's model file is missing or a path or
+    entrypoint of the spec leads outside the model directory."""
+    issues = loaded.check_files()
+    escaping = {issue.path for issue in issues}
     for i, stage in enumerate(loaded.pipeline.spec.stages):
+        if f"spec.stages[{i}].model.uri" in escaping:
+            continue
         if stage.model.uri and not loaded.resolve(stage.model.uri).exists():
             hint = ""
             if (loaded.base_dir / "build.py").exists():

@@ -8,13 +8,14 @@ globals, and two operators (a test's restart) never share state.
 - create / update / resume: `reconcile`; while profiling Jobs run it raises
   `kopf.TemporaryError(delay=profiling.pollS)`, so kopf calls it again (and resumes that
   after an operator restart); an invalid spec, a failed profile or an infeasible SLO end
-  it with `kopf.PermanentError` until the object changes again.
+  it with `kopf.PermanentError` until the object changes again, and so does any other
+  exception (`InternalError`: logged once with its traceback, reported on the object).
 - Deployment events (objects managed by the operator): the owner's Ready condition.
 - the tuner daemon, one per pipeline, when `prometheusUrl` is set.
 
 Events on the pipeline are sloline's own (`InvalidSpec`, `Profiling`, `ProfilingFailed`,
-`Planned`, `Infeasible`, `ScaledUp`, `ScaledDown`, `ReconcileError`); kopf's own handler
-chatter stays in the operator's log (`posting.level`).
+`Planned`, `Infeasible`, `ScaledUp`, `ScaledDown`, `ReconcileError`, `InternalError`);
+kopf's own handler chatter stays in the operator's log (`posting.level`).
 """
 
 from __future__ import annotations

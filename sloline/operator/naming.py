@@ -10,6 +10,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any, Final
 
 from sloline.operator.settings import OperatorSettings
@@ -126,12 +127,17 @@ class Target:
 
     def model_dir(self, settings: OperatorSettings) -> str:
         """`SLOLINE_MODEL_DIR`: `<models.root>/<p>`, or the `sloline.dev/model-dir`
-        annotation (absolute, or relative to `models.root`)."""
+        annotation (relative to `models.root`, or absolute inside it); raises
+        `ValueError` for an annotation `model_dir_problem` rejects."""
         root = settings.models.root.rstrip("/")
         given = self.model_dir_annotation
-        if given:
-            return given if given.startswith("/") else f"{root}/{given}"
-        return f"{root}/{self.name}"
+        if given is None:
+            return f"{root}/{self.name}"
+        problem = model_dir_problem(given, settings.models.root)
+        if problem:
+            raise ValueError(f"annotation {ANNOTATION_MODEL_DIR}: {problem}")
+        path = PurePosixPath(given)
+        return str(path) if path.is_absolute() else f"{root}/{path}"
 
     def owner_reference(self) -> dict[str, Any]:
         return {
@@ -155,6 +161,29 @@ class Target:
         if annotations:
             meta["annotations"] = dict(annotations)
         return meta
+
+
+def model_dir_problem(given: str, root: str) -> str | None:
+    """Why the `sloline.dev/model-dir` annotation `given` may not be used with the models
+    root `root`, or None: it must name a directory under the root (relative to it, or
+    absolute inside it), without `..` or empty components. Checked on the text: the
+    operator does not see the models volume (the pods check symlinks inside it)."""
+    root_path = PurePosixPath(root)
+    if not given or given != given.strip() or "\x00" in given:
+        return f"{given!r} is not a directory path"
+    path = PurePosixPath(given)
+    parts = given.split("/")
+    if ".." in parts or "." in parts or "\\" in given:
+        return f"{given!r} contains '..', '.' or a backslash; name a directory under {root}"
+    if path.is_absolute():
+        if path == root_path or not path.is_relative_to(root_path):
+            return (
+                f"{given!r} is not under the operator's models root {root} "
+                "(models.root); give a directory under it, e.g. relative to it"
+            )
+    elif "" in parts[:-1]:
+        return f"{given!r} has an empty path component"
+    return None
 
 
 def pipeline_document(obj: Mapping[str, Any]) -> dict[str, Any]:

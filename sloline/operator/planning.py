@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from sloline.operator.naming import Target, digest
+from sloline.operator.naming import ANNOTATION_MODEL_DIR, Target, digest, model_dir_problem
 from sloline.operator.settings import OperatorSettings
 from sloline.planner.plan import Plan
 from sloline.planner.profile import PipelineProfile
@@ -63,7 +63,7 @@ class CacheEntry:
 def operator_issues(target: Target, settings: OperatorSettings) -> list[Issue]:
     """What a valid spec can still get wrong on this cluster: hardware classes missing from
     the operator's catalog, names the rendered objects cannot take, files the operator
-    cannot read."""
+    cannot read, a `sloline.dev/model-dir` annotation outside the models root."""
     spec = target.graph.pipeline.spec
     catalog = settings.catalog.names()
     issues = [
@@ -92,6 +92,11 @@ def operator_issues(target: Target, settings: OperatorSettings) -> list[Issue]:
         issues.append(
             Issue("metadata.name", "must start with a letter (it names the router Service)")
         )
+    annotation = target.model_dir_annotation
+    if annotation is not None:
+        problem = model_dir_problem(annotation, settings.models.root)
+        if problem:
+            issues.append(Issue(f"metadata.annotations[{ANNOTATION_MODEL_DIR}]", problem))
     if spec.workload.trace_uri:
         issues.append(
             Issue(

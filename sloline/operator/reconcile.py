@@ -62,6 +62,7 @@ from sloline.operator.render import (
 )
 from sloline.operator.settings import OperatorSettings
 from sloline.operator.status import (
+    INTERNAL_ERROR,
     ConditionStatus,
     endpoints,
     plan_summary,
@@ -71,7 +72,7 @@ from sloline.operator.status import (
 )
 from sloline.planner.plan import Plan
 from sloline.planner.profile_message import decode_message
-from sloline.spec import PipelineError
+from sloline.spec import Issue, PipelineError
 
 _LOG = logging.getLogger(__name__)
 
@@ -186,8 +187,23 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], event: EventFn) -> 
         with contextlib.suppress(ApiError):
             update_status(ctx, namespace, name, change)
         raise
+    except Exception as exc:
+        # A bug or a spec the checks above did not foresee: logged once with its
+        # traceback, reported on the object, and not retried until the object changes.
+        _LOG.error("%s/%s: reconcile failed", namespace, name, exc_info=True)
+        message = f"reconcile failed: {type(exc).__name__}: {_cut(str(exc))}"
+        changes.set("Ready", "False", INTERNAL_ERROR, message)
+        event("Warning", INTERNAL_ERROR, message)
+        with contextlib.suppress(Exception):
+            update_status(ctx, namespace, name, change)
+        raise Failed(INTERNAL_ERROR, message) from None
     update_status(ctx, namespace, name, change)
     return report
+
+
+def _cut(text: str, limit: int = 500) -> str:
+    """An exception's text for a status message (it may quote hostile input at length)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
 
 
 def _validate(
@@ -198,6 +214,13 @@ def _validate(
         issues = operator_issues(target, ctx.settings)
     except PipelineError as exc:
         issues = list(exc.issues)
+    except Exception as exc:
+        meta = body.get("metadata") or {}
+        _LOG.error(
+            "%s/%s: validating the spec failed", meta.get("namespace"), meta.get("name"),
+            exc_info=True,
+        )  # fmt: skip
+        issues = [Issue("spec", f"validation failed: {type(exc).__name__}: {_cut(str(exc))}")]
     if issues:
         message = "; ".join(str(issue) for issue in issues)
         changes.set("Valid", "False", "InvalidSpec", message)

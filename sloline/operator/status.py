@@ -19,7 +19,10 @@ from sloline.planner.plan import Plan
 ConditionStatus = Literal["True", "False", "Unknown"]
 CONDITION_TYPES: Final = ("Valid", "Profiled", "Planned", "Ready")
 # The phase the conditions imply, first match wins (Failed: the reason says what failed).
-FAILED_REASONS: Final = frozenset({"InvalidSpec", "ProfilingFailed", "Infeasible", "PlanFailed"})
+INTERNAL_ERROR: Final = "InternalError"  # reconcile raised something unforeseen (logged)
+FAILED_REASONS: Final = frozenset(
+    {"InvalidSpec", "ProfilingFailed", "Infeasible", "PlanFailed", INTERNAL_ERROR}
+)
 
 
 def utc_now() -> str:

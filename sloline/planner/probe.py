@@ -60,6 +60,7 @@ HOLD_S = 0.01  # the holding stage's time per batch (a sleep: no CPU)
 BURST = 8  # requests per burst: the first is served alone, the other 7 as one batch
 BLOCKS = 5  # each measurement in this many blocks (CPU: median over blocks)
 IDLE_GAPS_S = (0.001, 0.002, 0.005, 0.02)  # the router's idle penalty: requests this far apart
+STAGES_MODULE = "sloline_probe_stages"  # the probe pipelines' stage module (see _serve)
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -75,7 +76,8 @@ def hold(inputs: Arrays) -> Arrays:
 
 
 def _pipeline_doc(payload: Arrays, stages: list[str], max_batch: int) -> str:
-    """A pipeline of ``stages`` (entrypoint names of this module) in a chain."""
+    """A pipeline of ``stages`` (``identity`` or ``hold``) in a chain, their entrypoints in
+    the module ``_serve`` writes beside it."""
     from sloline.serving.types import datatype_of
 
     tensors: list[dict[str, Any]] = [
@@ -88,7 +90,7 @@ def _pipeline_doc(payload: Arrays, stages: list[str], max_batch: int) -> str:
             {
                 "name": f"s{k}",
                 "maxBatch": max_batch,
-                "model": {"runtime": "python", "entrypoint": f"sloline.planner.probe:{entry}"},
+                "model": {"runtime": "python", "entrypoint": f"{STAGES_MODULE}:{entry}"},
                 "inputs": [{"name": t["name"], "from": f"{source}{t['name']}"} for t in tensors],
                 "outputs": tensors,
             }
@@ -172,6 +174,11 @@ async def _serve(
 
     with tempfile.TemporaryDirectory(prefix="sloline-probe-") as tmp:
         spec_file = Path(tmp) / "pipeline.yaml"
+        # Entrypoints load only files in the model directory (sloline.spec.paths), never
+        # sloline's own modules: the stages are re-exported from a file written there.
+        (Path(tmp) / f"{STAGES_MODULE}.py").write_text(
+            "from sloline.planner.probe import hold, identity  # noqa: F401\n"
+        )
         spec_file.write_text(_pipeline_doc(payload, stages, max_batch))
         settings = EmbeddedSettings(server=ServerSettings(http_port=0, grpc_port=0), tuner=False)
         async with EmbeddedPipeline(load_pipeline(spec_file), settings) as served:

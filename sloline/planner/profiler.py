@@ -52,6 +52,7 @@ from sloline.planner.profile_message import ProfileMessage
 from sloline.runtimes import StageRunner, import_entrypoint, load_pipeline_stage
 from sloline.serving.inprocess import InProcessPipeline
 from sloline.spec import HardwareCatalog, HardwareClass, Issue, LoadedPipeline, PipelineError
+from sloline.spec.paths import PathEscape, locate_module
 
 Arrays = dict[str, np.ndarray]
 Progress = Callable[[str], None]
@@ -94,7 +95,7 @@ def load_samples(loaded: LoadedPipeline, limit: int) -> list[Arrays]:
     if samples.entrypoint:
         data = import_entrypoint(samples.entrypoint, loaded.base_dir, what="spec.samples")()
     elif samples.uri:
-        with np.load(loaded.resolve(samples.uri), allow_pickle=False) as npz:
+        with np.load(loaded.resolve(samples.uri, "spec.samples.uri"), allow_pickle=False) as npz:
             data = {k: npz[k] for k in npz.files}
     else:
         raise PipelineError([Issue("spec.samples", "give uri or entrypoint")], loaded.name)
@@ -132,14 +133,16 @@ def _digest(*parts: bytes) -> str:
 
 
 def _model_bytes(loaded: LoadedPipeline, stage: str) -> bytes:
-    model = loaded.graph.stages[stage].spec.model
+    node = loaded.graph.stages[stage]
+    model = node.spec.model
     if model.uri:
-        return loaded.resolve(model.uri).read_bytes()
-    module = (model.entrypoint or "").partition(":")[0].replace(".", "/")
-    for candidate in (loaded.base_dir / f"{module}.py", loaded.base_dir / module / "__init__.py"):
-        if candidate.exists():
-            return candidate.read_bytes()
-    return (model.entrypoint or "").encode()
+        return loaded.resolve(model.uri, f"spec.stages[{node.index}].model.uri").read_bytes()
+    entrypoint = model.entrypoint or ""
+    try:
+        file = locate_module(loaded.base_dir, entrypoint.partition(":")[0])[-1].file
+    except PathEscape:
+        file = None
+    return file.read_bytes() if file is not None else entrypoint.encode()
 
 
 def _versions() -> bytes:

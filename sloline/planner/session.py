@@ -40,7 +40,7 @@ class PlanningSession:
 def planning_trace(loaded: LoadedPipeline) -> np.ndarray:
     workload = loaded.pipeline.spec.workload
     if workload.trace_uri:
-        path = loaded.resolve(workload.trace_uri)
+        path = loaded.resolve(workload.trace_uri, "spec.workload.traceUri")
         try:
             return trace_from_timestamps(np.loadtxt(path, dtype=np.float64, ndmin=1))
         except (OSError, ValueError) as exc:

@@ -7,51 +7,60 @@ and returns a dict of arrays with the same leading dimension; with `batching: li
 receives a list of per-request dicts (ragged shapes, optional inputs absent when their
 producer was skipped) and returns a list of per-request dicts in the same order.
 
-The pipeline file's directory is put first on `sys.path` so `module` is found beside the
-pipeline, the way `python pipeline_dir/script.py` would find it.
+`module` is a file in the model directory (the pipeline file's directory, or
+`$SLOLINE_MODEL_DIR`), loaded by its location: never a module from anywhere else
+(`sloline.spec.paths`). The model directory also goes first on `sys.path`, so the module
+imports its neighbours the way `python model_dir/script.py` would.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import inspect
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from sloline.runtimes.base import Item, ModelError
 from sloline.spec.models import StageSpec
+from sloline.spec.paths import ModulePart, PathEscape, locate_module
 
 
 def import_entrypoint(entrypoint: str, base_dir: Path, *, what: str = "entrypoint") -> Any:
-    """Import `module:attr` with `base_dir` first on `sys.path` and return `attr`.
+    """Import `module:attr` from its file in `base_dir` and return `attr`.
 
-    A module of the same name imported earlier from another directory (another pipeline
-    in the same process) is imported afresh from `base_dir`; objects already taken from
-    the old one keep working. `what` names the caller in error messages.
+    The module is loaded by file location (`sloline.spec.paths.locate_module`: inside
+    `base_dir` after symlinks, never a standard-library, installed or sloline module), so
+    no name can fall back to a module outside the model directory. `base_dir` also goes
+    first on `sys.path`, so the module imports its neighbours as a script would. A module
+    of the same name loaded earlier from another model directory (another pipeline in the
+    same process) is loaded afresh; objects already taken from the old one keep working.
+    `what` names the caller in error messages.
     """
     module_name, _, attr = entrypoint.partition(":")
     if not module_name or not attr:
         raise ModelError(f"{what}: entrypoint {entrypoint!r} must look like 'module:attr'")
     directory = base_dir.resolve()
+    try:
+        parts = locate_module(directory, module_name)
+    except PathEscape as exc:
+        raise ModelError(f"{what}: entrypoint {entrypoint!r}: {exc}") from None
     if str(directory) in sys.path:
         sys.path.remove(str(directory))
     sys.path.insert(0, str(directory))
-    top = module_name.partition(".")[0]
-    _forget_if_foreign(top, directory)
+    _MODEL_DIRS.add(directory)
     importlib.invalidate_caches()  # files written after start-up (tests, builds)
     try:
-        module = importlib.import_module(module_name)
+        module = _load(parts, directory)
+    except ModelError as exc:
+        raise ModelError(f"{what}: entrypoint {entrypoint!r}: {exc}") from None
     except ModuleNotFoundError as exc:
-        if exc.name == module_name or module_name.startswith(f"{exc.name}."):
-            raise ModelError(
-                f"{what}: cannot import module {module_name!r} of entrypoint {entrypoint!r}: "
-                f"there is no {top}.py (or package {top}/) in {directory}; put the module "
-                "beside the pipeline file"
-            ) from exc
         raise ModelError(
             f"{what}: importing {module_name!r} failed because it needs {exc.name!r}, which "
             f"is not installed; install it in the worker's environment"
@@ -69,17 +78,65 @@ def import_entrypoint(entrypoint: str, base_dir: Path, *, what: str = "entrypoin
         ) from None
 
 
-def _forget_if_foreign(top: str, directory: Path) -> None:
-    cached = sys.modules.get(top)
-    if cached is None:
-        return
-    if not ((directory / f"{top}.py").is_file() or (directory / top).is_dir()):
-        return
-    file = getattr(cached, "__file__", None)
-    if file is not None and Path(file).resolve().is_relative_to(directory):
-        return
-    for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
-        del sys.modules[name]
+# Every model directory modules were loaded from in this process: a cached module from
+# one of them may be replaced by a module of the same name from another.
+_MODEL_DIRS: set[Path] = set()
+
+
+def _load(parts: list[ModulePart], directory: Path) -> ModuleType:
+    """Execute each level of a located module (reusing those already loaded from
+    `directory`) and return the last."""
+    module: ModuleType | None = None
+    for part in parts:
+        cached = sys.modules.get(part.name)
+        if cached is not None and _inside(cached, directory):
+            module = cached
+            continue
+        if cached is not None:
+            if not any(_inside(cached, d) for d in _MODEL_DIRS):
+                raise ModelError(
+                    f"the module name {part.name!r} is taken in this process by "
+                    f"{getattr(cached, '__file__', None) or cached!r}; rename your module"
+                )
+            for name in [n for n in sys.modules if n == part.name or n.startswith(part.name + ".")]:
+                del sys.modules[name]
+        module = _execute(part)
+        if "." in part.name:
+            parent, _, child = part.name.rpartition(".")
+            setattr(sys.modules[parent], child, module)
+    if module is None:  # pragma: no cover - locate_module returns at least one part
+        raise ModelError("empty module name")
+    return module
+
+
+def _execute(part: ModulePart) -> ModuleType:
+    """Load one located module from its file (or make an empty namespace package)."""
+    locations = [str(part.package)] if part.package is not None else None
+    if part.file is not None:
+        spec = importlib.util.spec_from_file_location(
+            part.name, part.file, submodule_search_locations=locations
+        )
+    else:
+        spec = importlib.machinery.ModuleSpec(part.name, None, is_package=True)
+        spec.submodule_search_locations = locations
+    if spec is None:  # pragma: no cover - a .py file always has a spec
+        raise ModelError(f"cannot load {part.file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[part.name] = module
+    try:
+        if spec.loader is not None:
+            spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(part.name, None)
+        raise
+    return module
+
+
+def _inside(module: ModuleType, directory: Path) -> bool:
+    """Whether `module` was loaded from a file (or is a package) inside `directory`."""
+    file = getattr(module, "__file__", None)
+    places = [file] if file else list(getattr(module, "__path__", None) or [])
+    return bool(places) and all(Path(p).resolve().is_relative_to(directory) for p in places)
 
 
 def load_callable(stage: StageSpec, base_dir: Path) -> Callable[[Any], Any]:

@@ -26,6 +26,7 @@ from sloline.runtimes.python import load_python
 from sloline.runtimes.torchscript import TorchScriptRuntime
 from sloline.spec.loader import LoadedPipeline
 from sloline.spec.models import StageSpec, TensorSpec
+from sloline.spec.paths import PathEscape, resolve_inside
 from sloline.spec.validate import PipelineGraph
 
 Result = dict[str, np.ndarray]
@@ -235,11 +236,12 @@ def load_stage(
 ) -> StageRunner:
     """Load `stage`'s model and wrap it in a `StageRunner`.
 
-    `base_dir` is the pipeline file's directory (model files and Python modules are found
-    relative to it). `threads` is the replica's CPU thread budget: onnxruntime's intra-op
-    threads, or torch's process-wide thread count; Python stages run in the calling
-    thread and are not limited. `cuda_device` selects a GPU for ONNX and TorchScript
-    stages, falling back to the CPU with a `RuntimeWarning` when it is not available.
+    `base_dir` is the model directory: model files and Python modules are found in it,
+    and nowhere else (`sloline.spec.paths`). `threads` is the replica's CPU thread
+    budget: onnxruntime's intra-op threads, or torch's process-wide thread count; Python
+    stages run in the calling thread and are not limited. `cuda_device` selects a GPU for
+    ONNX and TorchScript stages, falling back to the CPU with a `RuntimeWarning` when it
+    is not available.
     `input_specs` (see `stage_input_specs`) enables input checks and `warmup()` without
     samples.
     """
@@ -250,7 +252,10 @@ def load_stage(
     else:
         if model.uri is None:
             raise ModelError(f"stage {stage.name!r}: {model.runtime} stages need model.uri")
-        path = Path(model.uri) if Path(model.uri).is_absolute() else base_dir / model.uri
+        try:
+            path = resolve_inside(base_dir, model.uri)
+        except PathEscape as exc:
+            raise ModelError(f"stage {stage.name!r}: model.uri {exc}") from None
         if model.runtime == "onnx":
             runtime = OnnxRuntime(
                 path, stage, threads=threads, cuda_device=cuda_device, input_specs=input_specs

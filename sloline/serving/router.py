@@ -445,6 +445,13 @@ class Router:
                         self._submit(state, ready)
                 except InferenceError as exc:
                     state.fail(exc)
+                except Exception as exc:
+                    log.error("stage %r: advancing a request failed", stage, exc_info=True)
+                    state.fail(
+                        StageFailed(
+                            f"the router failed after stage {stage!r}: {type(exc).__name__}: {exc}"
+                        )
+                    )
         self._perform(queue, step)
         if queue.draining(conn.id):
             conn.close()

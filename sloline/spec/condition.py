@@ -5,6 +5,14 @@ The grammar is a small CEL-like subset: comparisons (`< <= > >= == !=`), boolean
 references to upstream outputs as `stage.tensor` (or a pipeline input by bare name), and
 the reductions `max min sum mean abs any all` over a tensor. Python's `ast` module parses
 the text; a whitelist walk compiles it into closures. Nothing is ever passed to `eval`.
+
+Hostile text is bounded before it can cost much: at most `MAX_CHARS` characters and
+`MAX_DEPTH` levels of syntax tree (checked without recursion); whatever the parser raises
+on it (RecursionError, MemoryError, SyntaxError, ValueError) is a `ConditionError`.
+Evaluation runs under `numpy.errstate(all="raise")`: a division by zero, overflow or
+invalid operation, like any other error while evaluating (a missing value, an index or
+shape error, a Python `ZeroDivisionError`), is a `ConditionError` naming the condition,
+never a silent inf/nan and never an exception of another type.
 """
 
 from __future__ import annotations
@@ -53,8 +61,13 @@ _CEL_TOKENS = [
 ]
 
 
+MAX_CHARS = 1024  # the same bound as the spec's `when` field (and the CRD's maxLength)
+MAX_DEPTH = 32  # levels of syntax tree: `-(-(1))` is 4 (unary, unary, constant + root)
+
+
 class ConditionError(ValueError):
-    """The expression cannot be parsed or uses something outside the grammar."""
+    """The expression cannot be parsed, uses something outside the grammar, is over a
+    limit, or failed while being evaluated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,29 +80,65 @@ class Condition:
 
     def __call__(self, values: Values) -> bool:
         try:
-            result = self._fn(values)
-            return bool(np.asarray(result).item())
+            with np.errstate(all="raise"):
+                result = self._fn(values)
+                return bool(np.asarray(result).item())
         except KeyError as exc:
             raise ConditionError(f"condition {self.text!r}: value {exc} is missing") from exc
+        except FloatingPointError as exc:
+            raise ConditionError(f"condition {self.text!r} failed: numpy: {exc}") from exc
         except ValueError as exc:
             raise ConditionError(
                 f"condition {self.text!r} did not give one boolean ({exc}); reduce "
                 "multi-element tensors with max(), min(), any() or all()"
             ) from exc
+        except Exception as exc:
+            raise ConditionError(
+                f"condition {self.text!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
 
 
 def parse_condition(text: str) -> Condition:
     """Parse `text` into a `Condition`, raising `ConditionError` with the reason."""
+    if len(text) > MAX_CHARS:
+        raise ConditionError(f"condition is {len(text)} characters long; the limit is {MAX_CHARS}")
     source = text
     for pattern, replacement in _CEL_TOKENS:
         source = pattern.sub(replacement, source)
     try:
         tree = ast.parse(source.strip(), mode="eval")
     except SyntaxError as exc:
-        raise ConditionError(f"cannot parse condition {text!r}: {exc.msg}") from exc
+        raise ConditionError(f"cannot parse condition {_short(text)}: {exc.msg}") from exc
+    except (RecursionError, MemoryError) as exc:
+        raise ConditionError(
+            f"cannot parse condition {_short(text)}: nested too deeply "
+            f"({type(exc).__name__}); the limit is {MAX_DEPTH} levels"
+        ) from None
+    except ValueError as exc:
+        raise ConditionError(f"cannot parse condition {_short(text)}: {exc}") from None
+    depth = _depth(tree)
+    if depth > MAX_DEPTH:
+        raise ConditionError(
+            f"condition {_short(text)} is nested {depth} levels deep; the limit is {MAX_DEPTH}"
+        )
     refs: set[tuple[str, str]] = set()
     fn = _compile(tree.body, refs, text)
     return Condition(text=text, refs=frozenset(refs), _fn=fn)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """`text` quoted, cut to `limit` characters (hostile text can be long)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} chars)"
+
+
+def _depth(tree: ast.AST) -> int:
+    """The syntax tree's depth, walked without recursion."""
+    deepest, todo = 0, [(tree, 1)]
+    while todo:
+        node, level = todo.pop()
+        deepest = max(deepest, level)
+        todo.extend((child, level + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 def _compile(node: ast.expr, refs: set[tuple[str, str]], text: str) -> Evaluator:  # noqa: C901, PLR0911, PLR0912 - one branch per grammar rule

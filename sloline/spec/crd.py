@@ -48,7 +48,16 @@ SPEC_RULES = [
         "fieldPath": ".stages",
     },
 ]
+# A path is relative and has no `..` component (`sloline.spec.paths`, which the operator
+# checks again with symlinks and entrypoints; the API server sees no files).
+_INSIDE = "!{0}.startsWith('/') && !{0}.matches('(^|/)[.][.](/|$)')"
+_INSIDE_MESSAGE = "must be a path relative to the model directory, without '..'"
 STAGE_RULES = [
+    {
+        "rule": "!has(self.model.uri) || (" + _INSIDE.format("self.model.uri") + ")",
+        "message": f"model.uri {_INSIDE_MESSAGE}",
+        "fieldPath": ".model.uri",
+    },
     {
         "rule": "!has(self.minReplicas) || !has(self.maxReplicas) || "
         "self.minReplicas <= self.maxReplicas",
@@ -60,6 +69,18 @@ WORKLOAD_RULES = [
     {
         "rule": "[has(self.rateRps), has(self.trace), has(self.traceUri)].filter(x, x).size() == 1",
         "message": "give exactly one of rateRps, trace or traceUri",
+    },
+    {
+        "rule": "!has(self.traceUri) || (" + _INSIDE.format("self.traceUri") + ")",
+        "message": f"traceUri {_INSIDE_MESSAGE}",
+        "fieldPath": ".traceUri",
+    },
+]
+SAMPLES_RULES = [
+    {
+        "rule": "!has(self.uri) || (" + _INSIDE.format("self.uri") + ")",
+        "message": f"samples.uri {_INSIDE_MESSAGE}",
+        "fieldPath": ".uri",
     },
 ]
 
@@ -163,6 +184,7 @@ def spec_schema() -> dict[str, Any]:
     schema["x-kubernetes-validations"] = SPEC_RULES
     schema["properties"]["workload"]["x-kubernetes-validations"] = WORKLOAD_RULES
     schema["properties"]["stages"]["items"]["x-kubernetes-validations"] = STAGE_RULES
+    schema["properties"]["samples"]["x-kubernetes-validations"] = SAMPLES_RULES
     return schema
 
 

@@ -4,8 +4,9 @@ Pydantic's errors and the DAG checks are merged into one `PipelineError` whose i
 carry wire-format field paths (`spec.stages[1].model.runtime`), so every entry point
 (CLI, router, operator) reports problems the same way.
 
-Relative paths in a pipeline (model URIs, the samples URI, the workload's trace URI) and
-Python entrypoint modules resolve against one *model directory*: the pipeline file's own
+Paths in a pipeline (model URIs, the samples URI, the workload's trace URI) and Python
+entrypoint modules resolve against one *model directory*, and must stay inside it
+(`paths.py`; `LoadedPipeline.check_files` checks the files): the pipeline file's own
 directory, or `$SLOLINE_MODEL_DIR` when set. On Kubernetes the pipeline file is mounted
 from a ConfigMap (`/etc/sloline`) while the models live on a volume, so every pod sets
 the variable (docs/kubernetes.md); this module is the only place that reads it.
@@ -23,6 +24,7 @@ import yaml
 from pydantic import ValidationError
 
 from sloline.spec.models import PredictionPipeline
+from sloline.spec.paths import PathEscape, locate_module, resolve_inside, spec_files
 from sloline.spec.validate import Issue, PipelineError, PipelineGraph, build_graph
 
 MODEL_DIR_ENV = "SLOLINE_MODEL_DIR"
@@ -49,9 +51,28 @@ class LoadedPipeline:
     def name(self) -> str:
         return self.graph.name
 
-    def resolve(self, uri: str) -> Path:
-        path = Path(uri)
-        return path if path.is_absolute() else self.base_dir / path
+    def resolve(self, uri: str, field: str = "uri") -> Path:
+        """`uri` in the model directory, symlinks resolved; raises `PipelineError` naming
+        `field` when it leads outside (`sloline.spec.paths`)."""
+        try:
+            return resolve_inside(self.base_dir, uri)
+        except PathEscape as exc:
+            raise PipelineError([Issue(field, str(exc))], self.name) from None
+
+    def check_files(self) -> list[Issue]:
+        """Every path and entrypoint of the spec checked against the model directory's
+        files: paths must stay inside it after symlinks (they need not exist yet: models
+        may still have to be built), entrypoint modules must be files inside it."""
+        issues = []
+        for path, kind, value in spec_files(self.pipeline):
+            try:
+                if kind == "uri":
+                    resolve_inside(self.base_dir, value)
+                else:
+                    locate_module(self.base_dir, value.partition(":")[0])
+            except PathEscape as exc:
+                issues.append(Issue(path, str(exc)))
+        return issues
 
 
 def parse_pipeline(data: Any, source: str = "pipeline") -> PipelineGraph:

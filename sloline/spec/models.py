@@ -34,6 +34,8 @@ Datatype = Literal[
 ]
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+ENTRYPOINT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+URI_MAX = 1024  # paths and entrypoints (bounds the CRD's CEL rules on them)
 TENSOR_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:-]*$"
 
 
@@ -75,11 +77,15 @@ class ModelSpec(SpecModel):
     a function, or a class that is
     instantiated once with `config` as keyword arguments and then called. `batching`
     says whether it receives stacked arrays (`stacked`) or a list of per-request dicts.
+    Paths and entrypoints never leave the model directory: a path is relative, without
+    `..`, and stays inside after symlinks (absolute paths are rejected, even inside it);
+    `module` (`a.b` = `a/b.py` or `a/b/__init__.py`) is a file inside it, and never a
+    standard-library, installed or sloline module.
     """
 
     runtime: Literal["onnx", "torchscript", "python"]
-    uri: str | None = None
-    entrypoint: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    uri: str | None = Field(default=None, max_length=URI_MAX)
+    entrypoint: str | None = Field(default=None, max_length=URI_MAX, pattern=ENTRYPOINT_PATTERN)
     batching: Literal["stacked", "list"] = "stacked"
     config: dict[str, Any] = Field(default_factory=dict)
 
@@ -94,7 +100,9 @@ class StageSpec(SpecModel):
         default=None,
         max_length=1024,
         description="Condition over upstream outputs, e.g. `fast.confidence < 0.85`; "
-        "the stage runs only when it is true.",
+        "the stage runs only when it is true. At most 1024 characters and 32 levels of "
+        "syntax tree; an error while evaluating it (division by zero, numpy overflow or "
+        "invalid value, shape mismatch) fails that request with 500 naming the condition.",
     )
     hardware: str | None = Field(default=None, description="Pin the stage to this class.")
     max_batch: int | None = Field(default=None, ge=1, le=4096)
@@ -116,17 +124,21 @@ class WorkloadSpec(SpecModel):
     cv2: float = Field(default=1.0, gt=0, le=100)
     duration_s: float = Field(default=60.0, gt=0, le=86_400)
     trace: list[float] | None = None
-    trace_uri: str | None = None
+    trace_uri: str | None = Field(
+        default=None,
+        max_length=URI_MAX,
+        description="Arrival times (s), one per line: a path in the model directory.",
+    )
     seed: int = 0
 
 
 class SamplesSpec(SpecModel):
     """Sample requests for profiling and tests: an `.npz` file with one array per pipeline
     input (first axis = request), or a Python `module:function` returning such a dict
-    (both found in the model directory, like the stages' models)."""
+    (both found in the model directory, like the stages' models, with the same rules)."""
 
-    uri: str | None = None
-    entrypoint: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    uri: str | None = Field(default=None, max_length=URI_MAX)
+    entrypoint: str | None = Field(default=None, max_length=URI_MAX, pattern=ENTRYPOINT_PATTERN)
 
 
 class PipelineSpec(SpecModel):

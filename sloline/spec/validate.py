@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sloline.spec.condition import Condition, ConditionError, parse_condition
 from sloline.spec.models import PredictionPipeline, StageSpec, TensorSpec
+from sloline.spec.paths import path_issues
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,7 @@ def build_graph(pipeline: PredictionPipeline) -> PipelineGraph:
         {s.name: {t.name: t for t in s.outputs} for s in spec.stages},
     )
     issues = _check_names(pipeline) + _check_workload(pipeline) + _check_replicas(pipeline)
+    issues += [Issue(path, reason) for path, reason in path_issues(pipeline)]
     nodes: dict[str, StageNode] = {}
     for i, stage in enumerate(spec.stages):
         node, found = _stage_node(i, stage, names)

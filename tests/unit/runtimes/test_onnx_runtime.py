@@ -37,7 +37,7 @@ def test_batch_is_stacked_and_split_per_request(make_stage: StageFactory, double
 
 
 def test_single_request_batch(make_stage: StageFactory, double_onnx: Path):
-    runner = load_stage(make_stage("onnx", uri=str(double_onnx)), Path("/nonexistent"))
+    runner = load_stage(make_stage("onnx", uri=double_onnx.name), double_onnx.parent)
 
     (result,) = runner.run([{"x": np.ones(3, dtype=np.float32)}])
 
@@ -47,7 +47,7 @@ def test_single_request_batch(make_stage: StageFactory, double_onnx: Path):
 
 def test_name_mismatch_says_exactly_what_differs(make_stage: StageFactory, double_onnx: Path):
     stage = make_stage(
-        "onnx", uri=str(double_onnx), inputs=["pixels"], outputs=[("probs", "FP32", [3])]
+        "onnx", uri=double_onnx.name, inputs=["pixels"], outputs=[("probs", "FP32", [3])]
     )
 
     with pytest.raises(ModelError) as info:
@@ -78,7 +78,9 @@ def test_unavailable_cuda_falls_back_to_cpu_with_a_warning(
         pytest.skip("this onnxruntime build has CUDA")
 
     with pytest.warns(RuntimeWarning, match="onnxruntime-gpu"):
-        runner = load_stage(make_stage("onnx", uri=str(double_onnx)), Path(), cuda_device=0)
+        runner = load_stage(
+            make_stage("onnx", uri=double_onnx.name), double_onnx.parent, cuda_device=0
+        )
 
     assert runner.run([{"x": np.zeros(3, np.float32)}])[0]["y"].shape == (3,)
 
@@ -86,7 +88,7 @@ def test_unavailable_cuda_falls_back_to_cpu_with_a_warning(
 def test_inputs_are_converted_to_the_model_type_only_when_safe(
     make_stage: StageFactory, double_onnx: Path
 ):
-    runner = load_stage(make_stage("onnx", uri=str(double_onnx)), double_onnx.parent)
+    runner = load_stage(make_stage("onnx", uri=double_onnx.name), double_onnx.parent)
 
     (result,) = runner.run([{"x": np.array([0.5, 1.0, 1.5], dtype=np.float64)}])
     np.testing.assert_allclose(result["y"], [1, 2, 3])
@@ -110,26 +112,30 @@ def test_fixed_batch_dimension_is_rejected_with_a_fix(
     )
 
     with pytest.raises(ModelError, match="without a dynamic batch dimension first; re-export"):
-        load_stage(make_stage("onnx", uri=str(path)), tmp_path)
+        load_stage(make_stage("onnx", uri=path.name), tmp_path)
 
 
 def test_declared_shapes_and_types_are_checked_at_load(make_stage: StageFactory, double_onnx: Path):
     with pytest.raises(ModelError, match=r"output 'y' is declared with shape \[4\]"):
-        load_stage(make_stage("onnx", uri=str(double_onnx), outputs=[("y", "FP32", [4])]), Path())
+        load_stage(
+            make_stage("onnx", uri=double_onnx.name, outputs=[("y", "FP32", [4])]),
+            double_onnx.parent,
+        )
     with pytest.raises(ModelError, match=r"output 'label' is declared INT32 .* tensor\(int64\)"):
         load_stage(
-            make_stage("onnx", uri=str(double_onnx), outputs=[("label", "INT32", [1])]), Path()
+            make_stage("onnx", uri=double_onnx.name, outputs=[("label", "INT32", [1])]),
+            double_onnx.parent,
         )
     with pytest.raises(ModelError, match=r"input 'x' is declared upstream with shape \[5\]"):
         load_stage(
-            make_stage("onnx", uri=str(double_onnx)),
+            make_stage("onnx", uri=double_onnx.name),
             double_onnx.parent,
             input_specs={"x": TensorSpec(name="x", datatype="FP32", shape=[5])},
         )
 
 
 def test_failure_inside_the_model_is_a_model_error(make_stage: StageFactory, double_onnx: Path):
-    stage = make_stage("onnx", uri=str(double_onnx), outputs=[("y", "FP32", [-1])])
+    stage = make_stage("onnx", uri=double_onnx.name, outputs=[("y", "FP32", [-1])])
     runner = load_stage(stage, double_onnx.parent)
 
     with pytest.raises(ModelError, match=r"onnxruntime failed on a batch \(x: float32\[1, 4\]\)"):
