@@ -386,8 +386,10 @@ def test_a_succeeded_job_whose_pods_are_gone_is_measured_again(cluster: KubeEmul
         done = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
         kube.patch("jobs", NS, name, {"status": done}, subresource="status")
         wait(
-            lambda: (kube.find("jobs", NS, name) or {"metadata": {"uid": uid}})["metadata"]["uid"]
-            != uid,
+            lambda: (
+                (kube.find("jobs", NS, name) or {"metadata": {"uid": uid}})["metadata"]["uid"]
+                != uid
+            ),
             "a new Job in place of the one without pods",
         )
         assert conditions(kube)["Profiled"]["reason"] == "Profiling"
