@@ -144,6 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if not 0 <= args.worker_nice <= 19:
         raise _flag_error("--worker-nice", f"must be 0-19, got {args.worker_nice}")
+    replace(settings.server, insecure_workers=True).check()  # TLS flags, before profiling
     stage_configs(loaded, settings)  # reject bad flags before spending time on profiling
     if args.calibration_out and args.no_plan:
         raise _flag_error("--calibration-out", "compares serving with the profile: drop --no-plan")

@@ -24,8 +24,12 @@ CATALOG_FILE: Final = f"{CONFIG_DIR}/catalog.yaml"
 HTTP_PORT: Final = 8000
 GRPC_PORT: Final = 8001
 METRICS_PORT: Final = 8002
+WORKER_PORT: Final = 8003  # the router's WorkerService: workers only (NetworkPolicy, token)
 WORKER_HEALTH_PORT: Final = 8080
 WORKER_GRACE_S: Final = 30
+WORKER_TOKEN_KEY: Final = "token"  # noqa: S105 - the key in `<p>-worker-token`
+RUN_AS_USER: Final = 10001  # the runtime image's user (docker/Dockerfile.runtime)
+TMP_DIR: Final = "/tmp"  # noqa: S108 - the one writable path of a read-only root: an emptyDir
 
 MANAGER: Final = "sloline-operator"
 LABEL_PIPELINE: Final = "sloline.dev/pipeline"
@@ -59,6 +63,15 @@ def profiles_name(pipeline: str) -> str:
 
 def router_name(pipeline: str) -> str:
     return object_name(pipeline, "router")
+
+
+def worker_service_name(pipeline: str) -> str:
+    """The Service that carries only the router's worker port."""
+    return object_name(pipeline, "router-workers")
+
+
+def worker_secret_name(pipeline: str) -> str:
+    return object_name(pipeline, "worker-token")
 
 
 def worker_name(pipeline: str, stage: str) -> str:
