@@ -41,6 +41,12 @@ ANNOTATION_PLANNED_REPLICAS: Final = "sloline.dev/planned-replicas"
 ANNOTATION_PROFILE_KEY: Final = "sloline.dev/profile-key"
 ANNOTATION_MODEL_DIR: Final = "sloline.dev/model-dir"
 ANNOTATION_PLAN_INPUTS: Final = "sloline.dev/plan-inputs"
+# The client front doors (docs/operations.md, "Security and threat model"): names of
+# Secrets in the pipeline's namespace that the router pod mounts.
+ANNOTATION_TLS_SECRET: Final = "sloline.dev/tls-secret"  # noqa: S105 - tls.crt, tls.key
+ANNOTATION_CLIENT_CA_SECRET: Final = "sloline.dev/client-ca-secret"  # noqa: S105 - ca.crt
+ANNOTATION_AUTH_SECRET: Final = "sloline.dev/auth-secret"  # noqa: S105 - tokens
+SECRETS_DIR: Final = "/var/run/sloline"
 
 
 def object_name(*parts: str) -> str:
@@ -123,18 +129,25 @@ class Target:
     uid: str
     graph: PipelineGraph
     model_dir_annotation: str | None = None
+    tls_secret: str | None = None  # the router's TLS certificate and key
+    client_ca_secret: str | None = None  # require client certificates signed by its ca.crt
+    auth_secret: str | None = None  # bearer tokens (key `tokens`, one per line)
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> Target:
         """From a PredictionPipeline object as the API returns it (raises `PipelineError`
         when the spec is invalid)."""
         meta = obj.get("metadata", {})
+        annotations = meta.get("annotations") or {}
         return cls(
             name=str(meta["name"]),
             namespace=str(meta.get("namespace") or "default"),
             uid=str(meta.get("uid", "")),
             graph=parse_pipeline(pipeline_document(obj), f"{meta.get('namespace')}/{meta['name']}"),
-            model_dir_annotation=(meta.get("annotations") or {}).get(ANNOTATION_MODEL_DIR),
+            model_dir_annotation=annotations.get(ANNOTATION_MODEL_DIR),
+            tls_secret=annotations.get(ANNOTATION_TLS_SECRET) or None,
+            client_ca_secret=annotations.get(ANNOTATION_CLIENT_CA_SECRET) or None,
+            auth_secret=annotations.get(ANNOTATION_AUTH_SECRET) or None,
         )
 
     def model_dir(self, settings: OperatorSettings) -> str:

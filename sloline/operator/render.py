@@ -43,6 +43,7 @@ from sloline.operator.naming import (
     PIPELINE_FILE,
     PLAN_FILE,
     RUN_AS_USER,
+    SECRETS_DIR,
     TMP_DIR,
     WORKER_GRACE_S,
     WORKER_HEALTH_PORT,
@@ -284,6 +285,10 @@ def render_router(
             "--worker-port": WORKER_PORT,
         },
     )
+    args += _front_door_args(target, volumes, mounts)
+    # With TLS the kubelet's probes (no client certificate) go to the plain metrics port,
+    # which also answers the health paths.
+    probe_port = "metrics" if target.tls_secret else "http"
     container = _container(
         "router",
         settings,
@@ -295,8 +300,8 @@ def render_router(
             _port("metrics", METRICS_PORT),
             _port("worker", WORKER_PORT),
         ],
-        readinessProbe=_http_probe("/v2/health/ready", "http", 2, 3),
-        livenessProbe=_http_probe("/v2/health/live", "http", 10, 6),
+        readinessProbe=_http_probe("/v2/health/ready", probe_port, 2, 3),
+        livenessProbe=_http_probe("/v2/health/live", probe_port, 10, 6),
         volumeMounts=mounts,
     )
     if settings.router.resources:
@@ -364,6 +369,30 @@ def render_router(
         },
     }
     return [deployment, service, worker_service, render_network_policy(target)]
+
+
+def _front_door_args(
+    target: Target, volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]
+) -> list[str]:
+    """The router's TLS and bearer-token flags, each file from a Secret the pipeline's
+    annotations name (`sloline.dev/tls-secret`, `client-ca-secret`, `auth-secret`),
+    mounted read-only under /var/run/sloline; appends the volumes and mounts."""
+    args: list[str] = []
+    for secret, folder, flags in (
+        (target.tls_secret, "tls", (("--tls-cert", "tls.crt"), ("--tls-key", "tls.key"))),
+        (target.client_ca_secret, "client-ca", (("--tls-client-ca", "ca.crt"),)),
+        (target.auth_secret, "auth", (("--auth-token-file", "tokens"),)),
+    ):
+        if not secret:
+            continue
+        volume = f"front-door-{folder}"
+        items = [{"key": key, "path": key} for _, key in flags]
+        volumes.append({"name": volume, "secret": {"secretName": secret, "items": items}})
+        path = f"{SECRETS_DIR}/{folder}"
+        mounts.append({"name": volume, "mountPath": path, "readOnly": True})
+        for flag, key in flags:
+            args += [flag, f"{path}/{key}"]
+    return args
 
 
 def render_network_policy(target: Target) -> Manifest:

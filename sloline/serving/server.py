@@ -166,7 +166,7 @@ class RouterServer:
         self.http_port = await self._serve_http(app, s.http_port, "HTTP", tls=s.tls)
         if s.metrics_port is not None:
             self.metrics_port = await self._serve_http(
-                create_metrics_app(metrics), s.metrics_port, "metrics"
+                create_metrics_app(metrics, self.router), s.metrics_port, "metrics"
             )
         self._expiry = asyncio.create_task(self.router.expire_queued())
 

@@ -210,10 +210,15 @@ def test_client_certificates_when_a_client_ca_is_given(pki: Pki) -> None:
         "tls_cert": pki.server_cert,
         "tls_key": pki.server_key,
         "tls_client_ca": pki.ca,
+        "metrics_port": 0,
     }
     x = np.arange(2, dtype=np.float32)
     with BackgroundPipeline(NOOP, server=settings) as bg:
         url = f"https://{bg.http_url}/v2/models/noop/infer"
+        # The kubelet has no client certificate: it probes the plain metrics port.
+        plain = f"http://127.0.0.1:{bg.p.server.metrics_port}"
+        for path in ("/v2/health/live", "/v2/health/ready", "/metrics"):
+            assert httpx.get(f"{plain}{path}").status_code == 200, path
 
         def context(cert: Path | None, key: Path | None) -> ssl.SSLContext:
             ctx = ssl.create_default_context(cafile=str(pki.ca))

@@ -122,8 +122,17 @@ def hardening_violations(pod: dict[str, Any]) -> list[str]:
     return out
 
 
-def rendered_pods(settings: OperatorSettings, path: Any, hardware: str) -> list[Any]:
-    t = Target.of(pipeline_object(path))
+FRONT_DOOR = {
+    "sloline.dev/tls-secret": "tls",
+    "sloline.dev/client-ca-secret": "ca",
+    "sloline.dev/auth-secret": "tokens",
+}
+
+
+def rendered_pods(
+    settings: OperatorSettings, path: Any, hardware: str, annotations: dict[str, str] | None = None
+) -> list[Any]:
+    t = Target.of(pipeline_object(path, annotations=annotations or {}))
     objects = render(t, make_plan(t, hardware), settings, worker_token="t", service_monitor=True)  # noqa: S106
     objects += [
         render_profiling_job(t, settings, task.stage, task.hardware, task.key)
@@ -133,15 +142,16 @@ def rendered_pods(settings: OperatorSettings, path: Any, hardware: str) -> list[
 
 
 CASES = {
-    "noop-defaults": (OperatorSettings, NOOP, "cpu-1"),
-    "digits-gpu": (gpu_settings, DIGITS, "gpu-l4"),
+    "noop-defaults": (OperatorSettings, NOOP, "cpu-1", None),
+    "digits-gpu": (gpu_settings, DIGITS, "gpu-l4", None),
+    "noop-front-door-secrets": (OperatorSettings, NOOP, "cpu-1", FRONT_DOOR),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_rendered_pod_passes_psa_restricted(case: str) -> None:
-    make_settings, path, hardware = CASES[case]
-    workloads = rendered_pods(make_settings(), path, hardware)
+    make_settings, path, hardware, annotations = CASES[case]
+    workloads = rendered_pods(make_settings(), path, hardware, annotations)
     components = {w["metadata"]["labels"]["app.kubernetes.io/component"] for w in workloads}
     assert components == {"router", "worker", "profiler"}
     for workload in workloads:

@@ -309,3 +309,43 @@ def test_every_rendered_command_parses_with_the_real_cli(case: str) -> None:
     assert commands["worker"].health_port == 8080
     assert commands["router"].metrics_port == 8002
     assert commands["profile-job"].catalog == "/etc/sloline/catalog.yaml"
+
+
+def test_front_door_secrets_from_the_pipelines_annotations() -> None:
+    """`sloline.dev/tls-secret`, `client-ca-secret` and `auth-secret` mount those Secrets
+    read-only into the router pod and turn on the flags that read them; with TLS the
+    kubelet probes the plain metrics port. Workers are untouched."""
+    from sloline.cli import build_parser
+
+    annotations = {
+        "sloline.dev/tls-secret": "noop-tls",
+        "sloline.dev/client-ca-secret": "clients-ca",
+        "sloline.dev/auth-secret": "noop-tokens",
+    }
+    t = Target.of(pipeline_object(NOOP, annotations=annotations))
+    objects = everything(t, OperatorSettings(), "cpu-1")
+    deployment = find(objects, "Deployment", "noop-router")
+    kubernetes_validate.validate(deployment, "1.37", strict=True)
+    pod = deployment["spec"]["template"]["spec"]
+    (router,) = pod["containers"]
+    args = build_parser().parse_args([a.replace("$(POD_IP)", "10.0.0.7") for a in router["args"]])
+    assert (args.tls_cert, args.tls_key) == (
+        "/var/run/sloline/tls/tls.crt",
+        "/var/run/sloline/tls/tls.key",
+    )
+    assert args.tls_client_ca == "/var/run/sloline/client-ca/ca.crt"
+    assert args.auth_token_file == "/var/run/sloline/auth/tokens"  # noqa: S105
+    secrets = {v["secret"]["secretName"]: v["name"] for v in pod["volumes"] if "secret" in v}
+    assert set(secrets) == {"noop-tls", "clients-ca", "noop-tokens"}
+    mounted = {m["name"]: m for m in router["volumeMounts"]}
+    assert all(mounted[name]["readOnly"] for name in secrets.values())
+    assert router["readinessProbe"]["httpGet"]["port"] == "metrics"
+    assert router["livenessProbe"]["httpGet"]["port"] == "metrics"
+    (worker,) = containers(find(objects, "Deployment", "noop-s1"))
+    assert not any("tls" in a or "auth" in a for a in worker["args"])
+    # Bearer tokens alone: the health paths stay open on the HTTP port.
+    t = Target.of(pipeline_object(NOOP, annotations={"sloline.dev/auth-secret": "noop-tokens"}))
+    (router,) = containers(
+        find(everything(t, OperatorSettings(), "cpu-1"), "Deployment", "noop-router")
+    )
+    assert router["readinessProbe"]["httpGet"]["port"] == "http"
