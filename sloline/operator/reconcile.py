@@ -460,5 +460,7 @@ def _deploy(
     changes.set("Planned", "True", "Planned", f"plan for generation {changes.generation} deployed")
     changes.deployed = True
     changes.fields["plan"] = plan_summary(plan)
-    changes.fields["endpoints"] = endpoints(router_name(target.name), ns)
+    changes.fields["endpoints"] = endpoints(
+        router_name(target.name), ns, tls=target.tls_secret is not None
+    )
     return report
