@@ -233,10 +233,11 @@ async def _serve(
                 f"  stage {name}: {config.replicas} x {config.hardware}, "
                 f"max batch {config.max_batch}"
             )
+        scheme = "https" if p.settings.server.tls else "http"
         print(
-            f"  HTTP  http://{p.http_url}/v2/models/{p.loaded.name}/infer\n"
+            f"  HTTP  {scheme}://{p.http_url}/v2/models/{p.loaded.name}/infer\n"
             f"  gRPC  {p.grpc_url}  (GRPCInferenceService, model {p.loaded.name!r})\n"
-            f"  metrics http://{p.http_url}/metrics\n"
+            f"  metrics {scheme}://{p.http_url}/metrics\n"
             f"  worker logs {p.backend.log_dir if p.backend else '-'}\n"
             "  Ctrl-C to stop",
             flush=True,
@@ -339,7 +340,7 @@ def cmd_router(args: argparse.Namespace) -> int:
 
     loaded = load_pipeline(args.pipeline)
     plan = load_plan(args.plan) if args.plan else None
-    token = worker_token(args.worker_token_file)
+    token = worker_token(args.worker_token_file, flag="--worker-token-file")
     if token is None and not args.insecure_workers:
         raise _flag_error(
             "--worker-token-file",

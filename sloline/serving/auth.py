@@ -59,12 +59,15 @@ def read_token_file(path: str | Path, what: str) -> tuple[str, ...]:
     return tokens
 
 
-def worker_token(token_file: str | None, environ: dict[str, str] | None = None) -> str | None:
-    """The worker token: from `token_file` if given, else `$SLOLINE_WORKER_TOKEN`, else None."""
+def worker_token(
+    token_file: str | None, environ: dict[str, str] | None = None, flag: str = "--token-file"
+) -> str | None:
+    """The worker token: from `token_file` (given as `flag`) if any, else
+    `$SLOLINE_WORKER_TOKEN`, else None."""
     if token_file:
-        tokens = read_token_file(token_file, "--token-file")
+        tokens = read_token_file(token_file, flag)
         if len(tokens) != 1:
-            raise AuthConfigError(f"--token-file: {token_file} must hold exactly one token")
+            raise AuthConfigError(f"{flag}: {token_file} must hold exactly one token")
         return tokens[0]
     value = (os.environ if environ is None else environ).get(WORKER_TOKEN_ENV, "").strip()
     return value or None
