@@ -15,10 +15,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sloline import __version__
 from sloline.backends.local import WORKER_NICE
+from sloline.serving.auth import AuthConfigError
 from sloline.spec import (
     DEFAULT_CATALOG,
     HardwareCatalog,
@@ -92,14 +93,22 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from sloline.model_server.worker import WorkerSettings
     from sloline.model_server.worker import main as worker_main
+    from sloline.serving.auth import worker_token
 
     if not 0 <= args.nice <= 19:
         raise _flag_error("--nice", f"must be 0-19 (a lower priority), got {args.nice}")
+    token = worker_token(args.token_file)
+    if token is None:
+        logging.getLogger(__name__).warning(
+            "no worker token ($SLOLINE_WORKER_TOKEN or --token-file): only a router "
+            "started with --insecure-workers will accept this worker"
+        )
     return worker_main(
         WorkerSettings(
             pipeline_file=Path(args.pipeline),
             stage=args.stage,
             router=args.router,
+            token=token,
             threads=args.threads,
             cuda_device=args.cuda_device,
             hardware=args.hardware,
@@ -123,7 +132,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     loaded = load_pipeline(args.file)
     catalog = _catalog(args)
     settings = EmbeddedSettings(
-        server=ServerSettings(host=args.host, http_port=args.port, grpc_port=args.grpc_port),
+        server=ServerSettings(
+            host=args.host, http_port=args.port, grpc_port=args.grpc_port, **_front_door(args)
+        ),
         router=RouterSettings(queue_capacity=args.queue_capacity),
         catalog=catalog,
         replicas=_assignments(args.replicas, "--replicas"),  # type: ignore[arg-type]
@@ -136,6 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if not 0 <= args.worker_nice <= 19:
         raise _flag_error("--worker-nice", f"must be 0-19, got {args.worker_nice}")
+    replace(settings.server, insecure_workers=True).check()  # TLS flags, before profiling
     stage_configs(loaded, settings)  # reject bad flags before spending time on profiling
     if args.calibration_out and args.no_plan:
         raise _flag_error("--calibration-out", "compares serving with the profile: drop --no-plan")
@@ -224,10 +236,11 @@ async def _serve(
                 f"  stage {name}: {config.replicas} x {config.hardware}, "
                 f"max batch {config.max_batch}"
             )
+        scheme = "https" if p.settings.server.tls else "http"
         print(
-            f"  HTTP  http://{p.http_url}/v2/models/{p.loaded.name}/infer\n"
+            f"  HTTP  {scheme}://{p.http_url}/v2/models/{p.loaded.name}/infer\n"
             f"  gRPC  {p.grpc_url}  (GRPCInferenceService, model {p.loaded.name!r})\n"
-            f"  metrics http://{p.http_url}/metrics\n"
+            f"  metrics {scheme}://{p.http_url}/metrics\n"
             f"  worker logs {p.backend.log_dir if p.backend else '-'}\n"
             "  Ctrl-C to stop",
             flush=True,
@@ -293,23 +306,66 @@ async def _serve(
     return 0
 
 
+def _front_door(args: argparse.Namespace) -> dict[str, Any]:
+    """ServerSettings fields of the client doors' TLS and bearer-token flags."""
+    from sloline.serving.auth import read_token_file
+
+    out: dict[str, Any] = {
+        "tls_cert": Path(args.tls_cert) if args.tls_cert else None,
+        "tls_key": Path(args.tls_key) if args.tls_key else None,
+        "tls_client_ca": Path(args.tls_client_ca) if args.tls_client_ca else None,
+    }
+    if args.auth_token_file:
+        out["auth_tokens"] = read_token_file(args.auth_token_file, "--auth-token-file")
+    return out
+
+
+def _add_front_door_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-cert", metavar="PEM", help="serve HTTP and gRPC over TLS: certificate")
+    p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    p.add_argument(
+        "--tls-client-ca", metavar="PEM", help="require client certificates signed by this CA"
+    )
+    p.add_argument(
+        "--auth-token-file",
+        metavar="FILE",
+        help="require 'Authorization: Bearer <token>' (HTTP) / authorization metadata "
+        "(gRPC) with one of the tokens in FILE, one per line (health probes stay open)",
+    )
+
+
 def cmd_router(args: argparse.Namespace) -> int:
     from sloline.serving import process
+    from sloline.serving.auth import worker_token
     from sloline.serving.router import RouterSettings
     from sloline.serving.server import ServerSettings
     from sloline.standalone import describe, load_plan, standalone_router
 
     loaded = load_pipeline(args.pipeline)
     plan = load_plan(args.plan) if args.plan else None
+    token = worker_token(args.worker_token_file, flag="--worker-token-file")
+    if token is None and not args.insecure_workers:
+        raise _flag_error(
+            "--worker-token-file",
+            "no worker token: set $SLOLINE_WORKER_TOKEN or give --worker-token-file (the "
+            "workers need the same token), or accept any worker with --insecure-workers",
+        )
+    server = ServerSettings(
+        host=args.host,
+        http_port=args.port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        worker_host=args.worker_host or args.host,
+        worker_port=args.worker_port,
+        worker_token=token,
+        insecure_workers=token is None,
+        **_front_door(args),
+    )
+    server.check()
     app = standalone_router(
         loaded,
         plan,
-        server=ServerSettings(
-            host=args.host,
-            http_port=args.port,
-            grpc_port=args.grpc_port,
-            metrics_port=args.metrics_port,
-        ),
+        server=server,
         router=RouterSettings(queue_capacity=args.queue_capacity),
         drain_s=args.drain_s,
     )
@@ -763,6 +819,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001)")
+    _add_front_door_flags(p)
     p.add_argument("--replicas", action="append", default=[], metavar="STAGE=N")
     p.add_argument("--max-batch", action="append", default=[], metavar="STAGE=B")
     p.add_argument("--hardware", action="append", default=[], metavar="STAGE=CLASS")
@@ -807,7 +864,11 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     )
     p.add_argument("--pipeline", required=True)
     p.add_argument("--stage", required=True)
-    p.add_argument("--router", required=True, help="router gRPC address host:port")
+    p.add_argument("--router", required=True, help="the router's worker address host:port")
+    p.add_argument(
+        "--token-file",
+        help="file holding the pipeline's worker token (default: $SLOLINE_WORKER_TOKEN)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cuda-device", type=int, default=None)
     p.add_argument("--hardware", default="")
@@ -834,10 +895,21 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("--plan", help="plan from `sloline plan --out` (max batch per stage)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (a pod: its IP)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    p.add_argument(
-        "--grpc-port", type=int, default=8001, help="gRPC port, clients and workers (8001)"
-    )
+    p.add_argument("--grpc-port", type=int, default=8001, help="clients' gRPC port (8001)")
     p.add_argument("--metrics-port", type=int, default=8002, help="/metrics port (8002)")
+    p.add_argument("--worker-port", type=int, default=8003, help="workers' gRPC port (8003)")
+    p.add_argument("--worker-host", help="address of the worker port (default: --host)")
+    p.add_argument(
+        "--worker-token-file",
+        help="file holding the token workers must present (default: $SLOLINE_WORKER_TOKEN)",
+    )
+    p.add_argument(
+        "--insecure-workers",
+        action="store_true",
+        help="without a worker token, accept any worker that dials the worker port "
+        "(it receives clients' tensors and answers for the pipeline)",
+    )
+    _add_front_door_flags(p)
     p.add_argument("--queue-capacity", type=int, default=1024, help="items per stage queue")
     p.add_argument(
         "--drain-s", type=float, default=5.0, help="on SIGTERM, wait this long for requests"
@@ -946,6 +1018,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except AuthConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
     except ValueError as exc:

@@ -12,7 +12,7 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +24,7 @@ from sloline.planner.config import StageConfig as PlannedStage
 from sloline.planner.plan import Plan
 from sloline.planner.problem import PlanningProblem
 from sloline.serving.app import RouterApp, envelope_windows_s
+from sloline.serving.auth import generate_token
 from sloline.serving.metrics import TunerMetrics
 from sloline.serving.router import RouterSettings
 from sloline.serving.server import ServerSettings
@@ -155,7 +156,13 @@ class EmbeddedPipeline:
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.loaded = loaded
-        self.settings = settings or EmbeddedSettings()
+        settings = settings or EmbeddedSettings()
+        if settings.server.worker_token is None and not settings.server.insecure_workers:
+            # Only the workers this process starts may dial in: a fresh token per run,
+            # handed to them in their environment.
+            server = replace(settings.server, worker_token=generate_token())
+            settings = replace(settings, server=server)
+        self.settings = settings
         self.plan = plan
         self.problem = problem  # the plan's, for re-planning
         self.replanner: Replanner | None = None
@@ -202,10 +209,10 @@ class EmbeddedPipeline:
     async def __aenter__(self) -> EmbeddedPipeline:
         await self.app.start()
         log_dir = self.settings.log_dir or Path(tempfile.mkdtemp(prefix="sloline-"))
-        host = self.settings.server.host
+        server = self.settings.server
         self.backend = LocalBackend(
             self.loaded.file,
-            f"{host}:{self.server.grpc_port}",
+            f"{server.worker_host}:{self.server.worker_port}",
             [
                 StageLaunch(n, self.settings.catalog.get(c.hardware), c.replicas)
                 for n, c in self.configs.items()
@@ -213,6 +220,7 @@ class EmbeddedPipeline:
             log_dir=log_dir,
             grace_s=self.settings.worker_grace_s,
             worker_nice=self.settings.worker_nice,
+            worker_token=server.worker_token,
         )
         await self.backend.start()
         if self.plan is not None and self.settings.tuner:

@@ -1,7 +1,8 @@
 """The router on its own (`sloline router`): the Kubernetes mode's data plane.
 
 The operator renders a Deployment that runs this with the pipeline and its plan from a
-ConfigMap; worker pods dial the gRPC port (docs/kubernetes.md). It is the embedded mode's
+ConfigMap; worker pods dial its worker port with the pipeline's worker token
+(docs/kubernetes.md). It is the embedded mode's
 `RouterApp` without the local backend and the tuner: max batch per stage comes from the
 plan (a stage's `maxBatch` pin wins; without a plan: the pin, else 1), and the router
 knows no desired replica count, so it reports only what it sees: connected workers, and
@@ -114,9 +115,16 @@ def describe(app: RouterApp, plan: Plan | None) -> str:
     lines = [f"router for pipeline {loaded.name!r} ({'planned' if plan else 'no plan'})"]
     for name, queue in app.router.queues.items():
         lines.append(f"  stage {name}: max batch {queue.max_batch}")
+    s = app.settings
+    scheme = "https" if s.tls else "http"
+    doors = ("TLS" + (" + client certificates" if s.tls_client_ca else "")) if s.tls else "plain"
+    if s.auth_tokens:
+        doors += f", bearer token ({len(s.auth_tokens)} accepted)"
+    workers = "token required" if s.worker_token else "UNAUTHENTICATED (--insecure-workers)"
     lines += [
-        f"  HTTP    http://{app.http_url}/v2/models/{loaded.name}/infer",
-        f"  gRPC    {app.grpc_url}  (clients and workers)",
+        f"  HTTP    {scheme}://{app.http_url}/v2/models/{loaded.name}/infer",
+        f"  gRPC    {app.grpc_url}  (clients; {doors})",
+        f"  workers {app.worker_url}  ({workers})",
         f"  metrics http://{app.metrics_url}/metrics",
     ]
     return "\n".join(lines)

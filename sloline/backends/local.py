@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sloline.backends.base import ReplicaStatus
+from sloline.serving.auth import WORKER_TOKEN_ENV
 from sloline.spec import HardwareClass
 
 log = logging.getLogger(__name__)
@@ -116,12 +117,14 @@ class LocalBackend:
         clock: Callable[[], float] = time.monotonic,
         worker_nice: int = WORKER_NICE,
         restart: RestartPolicy | None = None,
+        worker_token: str | None = None,
     ) -> None:
         if not 0 <= worker_nice <= 19:
             raise ValueError(f"worker_nice must be 0-19 (a lower priority), got {worker_nice}")
         self.pipeline_file = pipeline_file
         self.worker_nice = worker_nice
-        self.router_address = router_address
+        self.router_address = router_address  # the router's worker port
+        self.worker_token = worker_token  # passed in the environment, never in argv
         self.log_dir = log_dir
         self.grace_s = grace_s
         self.poll_s = poll_s
@@ -242,6 +245,9 @@ class LocalBackend:
             "OPENBLAS_NUM_THREADS": threads,
             "PYTHONUNBUFFERED": "1",
         }
+        env.pop(WORKER_TOKEN_ENV, None)
+        if self.worker_token:
+            env[WORKER_TOKEN_ENV] = self.worker_token
         if hw.embedded.cpus:
             cmd += ["--cpus", ",".join(map(str, hw.embedded.cpus))]
         with log_path.open("ab") as out:

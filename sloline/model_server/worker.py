@@ -1,9 +1,11 @@
 """The worker process: one stage's model, pulling batches from the router.
 
 Start-up: load the pipeline file, load the stage's model with the replica's thread budget,
-warm it up, then dial the router and say Hello (so a replica counts as ready only once it
-can serve). Then: receive a batch, run it, return per-item results, repeat. One batch is
-in flight at a time (the credit the router's queue accounts for).
+warm it up, then dial the router's worker port with the pipeline's worker token
+(`serving/auth.py`) and say Hello (so a replica counts as ready only once it can serve).
+Then: receive a batch, run it, return per-item results, repeat. One batch is in flight at
+a time (the credit the router's queue accounts for). A router that refuses the token
+(UNAUTHENTICATED) ends the worker with that reason: retrying cannot fix it.
 
 SIGTERM/SIGINT: finish the batch in hand, tell the router it is leaving, exit 0 (within
 `stop_timeout_s`, under Kubernetes' grace period, even if the router never answers). If
@@ -31,7 +33,7 @@ import grpc
 
 from sloline.model_server.health import HealthServer, HealthState
 from sloline.runtimes import StageRunner, load_pipeline_stage
-from sloline.serving import process, wire
+from sloline.serving import auth, process, wire
 from sloline.serving.proto import worker_pb2 as pb
 from sloline.spec import load_pipeline
 
@@ -45,7 +47,8 @@ _PR_SET_PDEATHSIG = 1
 class WorkerSettings:
     pipeline_file: Path
     stage: str
-    router: str  # host:port of the router's gRPC endpoint
+    router: str  # host:port of the router's worker port
+    token: str | None = None  # the pipeline's worker token (sent as a bearer token)
     threads: int = 1
     cuda_device: int | None = None
     hardware: str = ""
@@ -123,6 +126,15 @@ class Worker:
             except (grpc.aio.AioRpcError, ConnectionError) as exc:
                 if self.stopping.is_set():
                     break
+                if (
+                    isinstance(exc, grpc.aio.AioRpcError)
+                    and exc.code() == grpc.StatusCode.UNAUTHENTICATED
+                ):
+                    raise SystemExit(
+                        f"router {self.settings.router} refused this worker's token "
+                        f"(UNAUTHENTICATED): give the pipeline's worker token in "
+                        f"${auth.WORKER_TOKEN_ENV} or --token-file"
+                    ) from None
                 reason = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
                 log.warning(
                     "router %s: %s; retrying within %.2fs", self.settings.router, reason, backoff
@@ -147,7 +159,7 @@ class Worker:
                 request_serializer=wire.identity,
                 response_deserializer=wire.decode_router_message,
             )
-            call = connect()
+            call = connect(metadata=auth.bearer_metadata(self.settings.token))
             await call.write(self.hello())
             first = await call.read()
             if first is grpc.aio.EOF or not first[0].HasField("welcome"):

@@ -32,6 +32,9 @@ ANNOTATION_APPLIED: Final = "sloline.dev/applied"
 # Fields the operator owns, per kind, besides metadata labels, annotations and owners.
 OWNED: Final[Mapping[str, tuple[tuple[str, ...], ...]]] = {
     "ConfigMap": (("data",),),
+    # The rendering carries the live token, so data changes only when the key went missing.
+    "Secret": (("data",),),
+    "NetworkPolicy": (("spec",),),
     "Service": (
         ("spec", "type"),
         ("spec", "selector"),

@@ -39,6 +39,8 @@ class Resource:
 
 CONFIG_MAPS = Resource("v1", "ConfigMap", "configmaps")
 SERVICES = Resource("v1", "Service", "services")
+SECRETS = Resource("v1", "Secret", "secrets")
+NETWORK_POLICIES = Resource("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 PODS = Resource("v1", "Pod", "pods")
 DEPLOYMENTS = Resource("apps/v1", "Deployment", "deployments")
 JOBS = Resource("batch/v1", "Job", "jobs")
@@ -46,7 +48,17 @@ SERVICE_MONITORS = Resource("monitoring.coreos.com/v1", "ServiceMonitor", "servi
 PIPELINES = Resource("sloline.dev/v1alpha1", "PredictionPipeline", "predictionpipelines")
 RESOURCES: Final = {
     (r.api_version, r.kind): r
-    for r in (CONFIG_MAPS, SERVICES, PODS, DEPLOYMENTS, JOBS, SERVICE_MONITORS, PIPELINES)
+    for r in (
+        CONFIG_MAPS,
+        SERVICES,
+        SECRETS,
+        NETWORK_POLICIES,
+        PODS,
+        DEPLOYMENTS,
+        JOBS,
+        SERVICE_MONITORS,
+        PIPELINES,
+    )
 }
 
 

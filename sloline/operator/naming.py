@@ -25,8 +25,12 @@ CATALOG_FILE: Final = f"{CONFIG_DIR}/catalog.yaml"
 HTTP_PORT: Final = 8000
 GRPC_PORT: Final = 8001
 METRICS_PORT: Final = 8002
+WORKER_PORT: Final = 8003  # the router's WorkerService: workers only (NetworkPolicy, token)
 WORKER_HEALTH_PORT: Final = 8080
 WORKER_GRACE_S: Final = 30
+WORKER_TOKEN_KEY: Final = "token"  # noqa: S105 - the key in `<p>-worker-token`
+RUN_AS_USER: Final = 10001  # the runtime image's user (docker/Dockerfile.runtime)
+TMP_DIR: Final = "/tmp"  # noqa: S108 - the one writable path of a read-only root: an emptyDir
 
 MANAGER: Final = "sloline-operator"
 LABEL_PIPELINE: Final = "sloline.dev/pipeline"
@@ -38,6 +42,12 @@ ANNOTATION_PLANNED_REPLICAS: Final = "sloline.dev/planned-replicas"
 ANNOTATION_PROFILE_KEY: Final = "sloline.dev/profile-key"
 ANNOTATION_MODEL_DIR: Final = "sloline.dev/model-dir"
 ANNOTATION_PLAN_INPUTS: Final = "sloline.dev/plan-inputs"
+# The client front doors (docs/operations.md, "Security and threat model"): names of
+# Secrets in the pipeline's namespace that the router pod mounts.
+ANNOTATION_TLS_SECRET: Final = "sloline.dev/tls-secret"  # noqa: S105 - tls.crt, tls.key
+ANNOTATION_CLIENT_CA_SECRET: Final = "sloline.dev/client-ca-secret"  # noqa: S105 - ca.crt
+ANNOTATION_AUTH_SECRET: Final = "sloline.dev/auth-secret"  # noqa: S105 - tokens
+SECRETS_DIR: Final = "/var/run/sloline"
 
 
 def object_name(*parts: str) -> str:
@@ -60,6 +70,15 @@ def profiles_name(pipeline: str) -> str:
 
 def router_name(pipeline: str) -> str:
     return object_name(pipeline, "router")
+
+
+def worker_service_name(pipeline: str) -> str:
+    """The Service that carries only the router's worker port."""
+    return object_name(pipeline, "router-workers")
+
+
+def worker_secret_name(pipeline: str) -> str:
+    return object_name(pipeline, "worker-token")
 
 
 def worker_name(pipeline: str, stage: str) -> str:
@@ -111,18 +130,25 @@ class Target:
     uid: str
     graph: PipelineGraph
     model_dir_annotation: str | None = None
+    tls_secret: str | None = None  # the router's TLS certificate and key
+    client_ca_secret: str | None = None  # require client certificates signed by its ca.crt
+    auth_secret: str | None = None  # bearer tokens (key `tokens`, one per line)
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> Target:
         """From a PredictionPipeline object as the API returns it (raises `PipelineError`
         when the spec is invalid)."""
         meta = obj.get("metadata", {})
+        annotations = meta.get("annotations") or {}
         return cls(
             name=str(meta["name"]),
             namespace=str(meta.get("namespace") or "default"),
             uid=str(meta.get("uid", "")),
             graph=parse_pipeline(pipeline_document(obj), f"{meta.get('namespace')}/{meta['name']}"),
-            model_dir_annotation=(meta.get("annotations") or {}).get(ANNOTATION_MODEL_DIR),
+            model_dir_annotation=annotations.get(ANNOTATION_MODEL_DIR),
+            tls_secret=annotations.get(ANNOTATION_TLS_SECRET) or None,
+            client_ca_secret=annotations.get(ANNOTATION_CLIENT_CA_SECRET) or None,
+            auth_secret=annotations.get(ANNOTATION_AUTH_SECRET) or None,
         )
 
     def model_dir(self, settings: OperatorSettings) -> str:

@@ -10,7 +10,8 @@ picks up where the cluster is:
    finished Job's termination message goes into the cache and the Job is deleted; while
    Jobs run, `Waiting` (the handler retries after `profiling.pollS`);
 3. plan, unless `<p>-config` already holds the plan of the same inputs;
-4. render and apply `<p>-config`, the router, the workers (and the ServiceMonitor), prune
+4. render and apply `<p>-worker-token` (its token made once, then read back), `<p>-config`,
+   the router, its Services and NetworkPolicy, the workers (and the ServiceMonitor), prune
    what the pipeline no longer needs;
 5. status: conditions, phase, plan summary, endpoints.
 
@@ -41,6 +42,7 @@ from sloline.operator.naming import (
     managed_selector,
     profiles_name,
     router_name,
+    worker_secret_name,
 )
 from sloline.operator.planning import (
     CacheEntry,
@@ -59,6 +61,7 @@ from sloline.operator.render import (
     render,
     render_profiles_cache,
     render_profiling_job,
+    secret_token,
 )
 from sloline.operator.settings import OperatorSettings
 from sloline.operator.status import (
@@ -72,6 +75,7 @@ from sloline.operator.status import (
 )
 from sloline.planner.plan import Plan
 from sloline.planner.profile_message import decode_message
+from sloline.serving.auth import generate_token
 from sloline.spec import Issue, PipelineError
 
 _LOG = logging.getLogger(__name__)
@@ -454,7 +458,12 @@ def _deploy(
     wanted = settings.service_monitor == "always" or (
         settings.service_monitor == "auto" and monitors
     )
-    objects = render(target, plan, settings, plan_inputs=inputs, service_monitor=wanted)
+    # The worker token is made once and kept: the live Secret's, unless it has none.
+    live_secret = api.get(kube.SECRETS, ns, worker_secret_name(target.name))
+    token = secret_token(live_secret) or generate_token()
+    objects = render(
+        target, plan, settings, worker_token=token, plan_inputs=inputs, service_monitor=wanted
+    )
     report = apply(api, objects)
     keep = {f"{o['kind']}/{o['metadata']['name']}" for o in objects}
     keep.add(f"ConfigMap/{profiles_name(target.name)}")
@@ -474,5 +483,7 @@ def _deploy(
     changes.set("Planned", "True", "Planned", f"plan for generation {changes.generation} deployed")
     changes.deployed = True
     changes.fields["plan"] = plan_summary(plan)
-    changes.fields["endpoints"] = endpoints(router_name(target.name), ns)
+    changes.fields["endpoints"] = endpoints(
+        router_name(target.name), ns, tls=target.tls_secret is not None
+    )
     return report

@@ -6,6 +6,14 @@ or reads a clock, so the same inputs always give identical objects: the operator
 step compares what it renders with what is live, and a re-render after a restart changes
 nothing.
 
+Every pod passes the Pod Security Standard `restricted` (`_pod_security`): non-root as
+the image's user, no privilege escalation, no capabilities, the runtime's default seccomp
+profile, a read-only root filesystem with an emptyDir at /tmp (the images' HOME and
+caches), and no service-account token (none of them calls the API). The router's worker
+port is reached through a Service of its own, only by the pipeline's worker pods (a
+NetworkPolicy) and only with the pipeline's worker token (`<p>-worker-token`, a Secret
+the operator creates once and keeps; `render_worker_secret`).
+
 Each pod template carries `sloline.dev/config-hash`, a digest of exactly the ConfigMap
 content that pod reads: the router's covers the whole pipeline file and the plan, a
 worker's only its own stage (its spec and the tensors it receives). The ConfigMap is
@@ -15,6 +23,7 @@ one stage rolls that stage's Deployment and the router, nothing else.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,8 +42,13 @@ from sloline.operator.naming import (
     METRICS_PORT,
     PIPELINE_FILE,
     PLAN_FILE,
+    RUN_AS_USER,
+    SECRETS_DIR,
+    TMP_DIR,
     WORKER_GRACE_S,
     WORKER_HEALTH_PORT,
+    WORKER_PORT,
+    WORKER_TOKEN_KEY,
     Target,
     config_map_name,
     digest,
@@ -44,9 +58,12 @@ from sloline.operator.naming import (
     router_name,
     selector,
     worker_name,
+    worker_secret_name,
+    worker_service_name,
 )
 from sloline.operator.settings import OperatorSettings
 from sloline.planner.plan import Plan
+from sloline.serving.auth import WORKER_TOKEN_ENV
 from sloline.spec import HardwareClass, PipelineGraph
 from sloline.spec.models import API_VERSION, KIND
 
@@ -97,7 +114,9 @@ def router_config_hash(config_data: Mapping[str, str]) -> str:
 # --- pod parts ---------------------------------------------------------------------------
 
 
-def _env(target: Target, settings: OperatorSettings, threads: int | None) -> list[dict[str, Any]]:
+def _env(
+    target: Target, settings: OperatorSettings, threads: int | None, *, token: bool = False
+) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
         for name, path in (
@@ -112,18 +131,29 @@ def _env(target: Target, settings: OperatorSettings, threads: int | None) -> lis
             {"name": "OMP_NUM_THREADS", "value": str(threads)},
             {"name": "MKL_NUM_THREADS", "value": str(threads)},
         ]
+    if token:  # the worker token, from the Secret: never in args (the pod spec shows them)
+        ref = {"name": worker_secret_name(target.name), "key": WORKER_TOKEN_KEY}
+        env.append({"name": WORKER_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}})
     return env
 
 
 def _volumes(
     settings: OperatorSettings, config_map: str, items: Sequence[str] = ()
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, volumeMounts): the config at /etc/sloline, the models at models.root."""
+    """(volumes, volumeMounts): the config at /etc/sloline, an emptyDir at /tmp (the only
+    writable path: HOME, caches, worker logs of a profiling probe), the models at
+    models.root."""
     source: dict[str, Any] = {"name": config_map}
     if items:
         source["items"] = [{"key": key, "path": key} for key in items]
-    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": source}]
-    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": source},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": TMP_DIR},
+    ]
     if settings.models.volume:
         volumes.append({"name": "models", **settings.models.volume})
         mounts.append({"name": "models", "mountPath": settings.models.root, "readOnly": True})
@@ -161,7 +191,25 @@ def _container(
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["sloline"],
         "args": args,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
         **extra,
+    }
+
+
+def _pod_security() -> dict[str, Any]:
+    """Pod-level settings of Pod Security `restricted`; the container's are in `_container`."""
+    return {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "automountServiceAccountToken": False,
     }
 
 
@@ -183,7 +231,7 @@ def _pod_template(
 ) -> dict[str, Any]:
     return {
         "metadata": {"labels": dict(pod_labels), "annotations": dict(annotations)},
-        "spec": {"containers": [dict(container)], "volumes": volumes, **spec},
+        "spec": {"containers": [dict(container)], "volumes": volumes, **_pod_security(), **spec},
     }
 
 
@@ -218,8 +266,10 @@ def render_profiles_cache(
 def render_router(
     target: Target, settings: OperatorSettings, config_data: Mapping[str, str]
 ) -> list[Manifest]:
-    """The router Deployment (one replica: it holds the centralized stage queues) and its
-    Service with the `http`, `grpc` and `metrics` ports."""
+    """The router Deployment (one replica: it holds the centralized stage queues), its
+    Service with the clients' `http` and `grpc` ports and `metrics`, the Service
+    `<p>-router-workers` with only the `worker` port, and the NetworkPolicy that lets only
+    the pipeline's worker pods reach that port."""
     name = router_name(target.name)
     pod_labels = labels(target.name, "router")
     volumes, mounts = _volumes(settings, config_map_name(target.name))
@@ -232,16 +282,26 @@ def render_router(
             "--port": HTTP_PORT,
             "--grpc-port": GRPC_PORT,
             "--metrics-port": METRICS_PORT,
+            "--worker-port": WORKER_PORT,
         },
     )
+    args += _front_door_args(target, volumes, mounts)
+    # With TLS the kubelet's probes (no client certificate) go to the plain metrics port,
+    # which also answers the health paths.
+    probe_port = "metrics" if target.tls_secret else "http"
     container = _container(
         "router",
         settings,
         args,
-        env=_env(target, settings, None),
-        ports=[_port("http", HTTP_PORT), _port("grpc", GRPC_PORT), _port("metrics", METRICS_PORT)],
-        readinessProbe=_http_probe("/v2/health/ready", "http", 2, 3),
-        livenessProbe=_http_probe("/v2/health/live", "http", 10, 6),
+        env=_env(target, settings, None, token=True),
+        ports=[
+            _port("http", HTTP_PORT),
+            _port("grpc", GRPC_PORT),
+            _port("metrics", METRICS_PORT),
+            _port("worker", WORKER_PORT),
+        ],
+        readinessProbe=_http_probe("/v2/health/ready", probe_port, 2, 3),
+        livenessProbe=_http_probe("/v2/health/live", probe_port, 10, 6),
         volumeMounts=mounts,
     )
     if settings.router.resources:
@@ -286,7 +346,105 @@ def render_router(
             "publishNotReadyAddresses": True,
         },
     }
-    return [deployment, service]
+    worker_service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        # Its own component label: the ServiceMonitor selects the client Service only.
+        "metadata": target.metadata(
+            worker_service_name(target.name), labels(target.name, "router-workers"), {}
+        ),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(target.name, "router"),
+            "ports": [
+                {
+                    "name": "worker",
+                    "port": WORKER_PORT,
+                    "targetPort": "worker",
+                    "protocol": "TCP",
+                    "appProtocol": "grpc",
+                }
+            ],
+            "publishNotReadyAddresses": True,  # as above: workers make the router ready
+        },
+    }
+    return [deployment, service, worker_service, render_network_policy(target)]
+
+
+def _front_door_args(
+    target: Target, volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]
+) -> list[str]:
+    """The router's TLS and bearer-token flags, each file from a Secret the pipeline's
+    annotations name (`sloline.dev/tls-secret`, `client-ca-secret`, `auth-secret`),
+    mounted read-only under /var/run/sloline; appends the volumes and mounts."""
+    args: list[str] = []
+    for secret, folder, flags in (
+        (target.tls_secret, "tls", (("--tls-cert", "tls.crt"), ("--tls-key", "tls.key"))),
+        (target.client_ca_secret, "client-ca", (("--tls-client-ca", "ca.crt"),)),
+        (target.auth_secret, "auth", (("--auth-token-file", "tokens"),)),
+    ):
+        if not secret:
+            continue
+        volume = f"front-door-{folder}"
+        items = [{"key": key, "path": key} for _, key in flags]
+        volumes.append({"name": volume, "secret": {"secretName": secret, "items": items}})
+        path = f"{SECRETS_DIR}/{folder}"
+        mounts.append({"name": volume, "mountPath": path, "readOnly": True})
+        for flag, key in flags:
+            args += [flag, f"{path}/{key}"]
+    return args
+
+
+def render_network_policy(target: Target) -> Manifest:
+    """`<p>-router`: ingress to the router pod: the worker port from this pipeline's worker
+    pods only; the client ports and metrics from anywhere (the router's Service exposes
+    them; a cluster may add its own policies on top)."""
+    port = {"protocol": "TCP", "port": WORKER_PORT}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": target.metadata(router_name(target.name), labels(target.name, "router"), {}),
+        "spec": {
+            "podSelector": {"matchLabels": selector(target.name, "router")},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": selector(target.name, "worker")}}],
+                    "ports": [port],
+                },
+                {
+                    "ports": [
+                        {"protocol": "TCP", "port": p} for p in (HTTP_PORT, GRPC_PORT, METRICS_PORT)
+                    ]
+                },
+            ],
+        },
+    }
+
+
+def render_worker_secret(target: Target, token: str) -> Manifest:
+    """`<p>-worker-token`: the token the router asks of workers. The caller supplies it
+    (the live Secret's, or a new random one the first time), so rendering stays pure."""
+    meta = target.metadata(worker_secret_name(target.name), labels(target.name, "worker-token"), {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta,
+        "type": "Opaque",
+        "data": {WORKER_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def secret_token(secret: Mapping[str, Any] | None) -> str | None:
+    """The token in a live `<p>-worker-token`, or None when it is missing or unusable."""
+    if secret is None:
+        return None
+    value = (secret.get("data") or {}).get(WORKER_TOKEN_KEY)
+    try:
+        token = base64.b64decode(value, validate=True).decode() if value else ""
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return token if token.strip() and token.isprintable() and " " not in token else None
 
 
 def render_worker(
@@ -303,7 +461,7 @@ def render_worker(
         {
             "--pipeline": PIPELINE_FILE,
             "--stage": stage,
-            "--router": f"{router_name(target.name)}:{GRPC_PORT}",
+            "--router": f"{worker_service_name(target.name)}:{WORKER_PORT}",
             "--threads": hw.embedded.threads,
             "--hardware": hardware,
             "--health-host": "$(POD_IP)",
@@ -316,7 +474,7 @@ def render_worker(
         "worker",
         settings,
         args,
-        env=_env(target, settings, hw.embedded.threads),
+        env=_env(target, settings, hw.embedded.threads, token=True),
         ports=[_port("health", WORKER_HEALTH_PORT)],
         readinessProbe=_http_probe("/ready", "health", 2, 3),
         livenessProbe=_http_probe("/live", "health", 10, 6),
@@ -428,13 +586,16 @@ def render(
     plan: Plan,
     settings: OperatorSettings,
     *,
+    worker_token: str,
     plan_inputs: str = "",
     service_monitor: bool = False,
 ) -> list[Manifest]:
-    """Everything that serves a planned pipeline: `<p>-config`, the router Deployment and
-    Service, one worker Deployment per stage, and the ServiceMonitor when wanted."""
+    """Everything that serves a planned pipeline: `<p>-worker-token`, `<p>-config`, the
+    router Deployment, its Services and NetworkPolicy, one worker Deployment per stage, and
+    the ServiceMonitor when wanted."""
     config = render_config_map(target, plan, plan_inputs)
-    out = [config, *render_router(target, settings, config["data"])]
+    out = [render_worker_secret(target, worker_token), config]
+    out += render_router(target, settings, config["data"])
     out += [
         render_worker(target, settings, s.name, s.hardware, s.replicas)
         for s in sorted(plan.stages, key=lambda s: s.name)

@@ -114,9 +114,10 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     }
 
 
-def endpoints(service: str, namespace: str) -> dict[str, str]:
+def endpoints(service: str, namespace: str, *, tls: bool = False) -> dict[str, str]:
     host = f"{service}.{namespace}.svc"
-    return {"http": f"http://{host}:{HTTP_PORT}", "grpc": f"{host}:{GRPC_PORT}"}
+    scheme = "https" if tls else "http"
+    return {"http": f"{scheme}://{host}:{HTTP_PORT}", "grpc": f"{host}:{GRPC_PORT}"}
 
 
 def readiness(deployments: Iterable[Mapping[str, Any]]) -> tuple[ConditionStatus, str, str]:

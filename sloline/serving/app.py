@@ -120,6 +120,11 @@ class RouterApp:
         return f"{self.settings.host}:{self.server.grpc_port}"
 
     @property
+    def worker_url(self) -> str:
+        """Where workers dial (`WorkerService`, with the worker token)."""
+        return f"{self.settings.worker_host}:{self.server.worker_port}"
+
+    @property
     def metrics_url(self) -> str:
         """Where `/metrics` is scraped: the metrics port if any, else the HTTP port."""
         port = self.server.metrics_port or self.server.http_port

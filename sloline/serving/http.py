@@ -208,12 +208,24 @@ def create_http_app(
     return _InferFirst(app, infer)
 
 
-def create_metrics_app(metrics_app: ASGIApp) -> Starlette:
-    """An app serving only `GET /metrics` (the router's separate metrics port)."""
-    return Starlette(
-        routes=[Route("/metrics", _AsgiEndpoint(metrics_app), methods=["GET"])],
-        exception_handlers={HTTPException: _http_exception},
-    )
+def create_metrics_app(metrics_app: ASGIApp, plane: DataPlane | None = None) -> Starlette:
+    """An app serving `GET /metrics` (the router's separate metrics port) and, given the
+    plane, `/v2/health/{live,ready}`: the kubelet probes this plain port when the client
+    doors need TLS client certificates the kubelet does not have."""
+    routes = [Route("/metrics", _AsgiEndpoint(metrics_app), methods=["GET"])]
+    if plane is not None:
+
+        async def live(_: Request) -> Response:
+            return _json({"live": plane.live()}, 200 if plane.live() else 503)
+
+        async def ready(_: Request) -> Response:
+            return _json({"ready": plane.ready()}, 200 if plane.ready() else 503)
+
+        routes += [
+            Route("/v2/health/live", live, methods=["GET"]),
+            Route("/v2/health/ready", ready, methods=["GET"]),
+        ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
 
 
 async def _http_exception(_: Request, exc: Exception) -> Response:

@@ -1,9 +1,17 @@
-"""Runs a router's front doors in one asyncio event loop: REST (uvicorn) on the HTTP
-port, and one gRPC server carrying both the Open Inference Protocol service for clients
-and the WorkerService that workers dial. Ports default to Triton's (8000 HTTP, 8001 gRPC);
-port 0 picks a free one (tests), and the bound ports are reported back. `/metrics` is on
-the HTTP port, and also alone on `metrics_port` when one is set (Kubernetes: the
-Service's `metrics` port, which a ServiceMonitor scrapes without touching the data plane).
+"""Runs a router's servers in one asyncio event loop: REST (uvicorn) on the HTTP port,
+the Open Inference Protocol gRPC service for clients on the gRPC port, and the
+WorkerService that workers dial on a gRPC server of its own (`worker_port`). Client
+ports default to Triton's (8000 HTTP, 8001 gRPC); port 0 picks a free one (tests, and the
+embedded mode's worker port on loopback), and the bound ports are reported back.
+`/metrics` is on the HTTP port, and also alone on `metrics_port` when one is set
+(Kubernetes: the Service's `metrics` port, which a ServiceMonitor scrapes without
+touching the data plane).
+
+Who may connect (docs/operations.md, "Security and threat model"): the worker server
+requires `worker_token` on every call unless `insecure_workers` says otherwise; the
+client doors are open unless `auth_tokens` (bearer tokens) or TLS (`tls_cert`/`tls_key`,
+with `tls_client_ca` requiring client certificates) are set. The health probes and the
+separate metrics port stay open: the kubelet and Prometheus carry no credentials.
 """
 
 from __future__ import annotations
@@ -12,13 +20,18 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from ssl import CERT_REQUIRED
+from typing import Any
 
 import grpc
 import uvicorn
 from prometheus_client import CollectorRegistry, make_asgi_app
 from starlette.types import ASGIApp
 
+from sloline.serving.auth import AuthConfigError, TokenSet
 from sloline.serving.grpc_frontdoor import add_inference_service
+from sloline.serving.guard import BearerAuth, TokenInterceptor
 from sloline.serving.http import bind_socket, create_http_app, create_metrics_app
 from sloline.serving.router import Router, add_worker_service
 
@@ -41,6 +54,53 @@ class ServerSettings:
     grpc_port: int = 8001
     metrics_port: int | None = None  # a separate /metrics-only port (0 = any free one)
     max_body_bytes: int = 64 * 1024 * 1024
+    # The workers' gRPC server (WorkerService only): its own address, never the clients'.
+    worker_host: str = "127.0.0.1"
+    worker_port: int = 0
+    worker_token: str | None = None  # required on Connect; None only with insecure_workers
+    insecure_workers: bool = False  # accept workers without a token (explicit opt-out)
+    # Client front doors: TLS (both doors) and bearer tokens; all off by default.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # require client certificates signed by this CA
+    auth_tokens: tuple[str, ...] = ()
+
+    def check(self) -> None:
+        """Reject settings that cannot work, before any port is opened."""
+        if not self.worker_token and not self.insecure_workers:
+            raise AuthConfigError(
+                "no worker token: set one (SLOLINE_WORKER_TOKEN or --worker-token-file), "
+                "or accept unauthenticated workers explicitly (--insecure-workers)"
+            )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise AuthConfigError(
+                "TLS needs both a certificate and its key (--tls-cert, --tls-key)"
+            )
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise AuthConfigError("--tls-client-ca needs TLS on: give --tls-cert and --tls-key")
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise AuthConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None
+
+
+def server_credentials(settings: ServerSettings) -> grpc.ServerCredentials:
+    """gRPC TLS credentials of the client door (mutual TLS with a client CA)."""
+    assert settings.tls_cert is not None
+    assert settings.tls_key is not None
+    ca = settings.tls_client_ca
+    return grpc.ssl_server_credentials(
+        [(_read(settings.tls_key, "--tls-key"), _read(settings.tls_cert, "--tls-cert"))],
+        root_certificates=_read(ca, "--tls-client-ca") if ca is not None else None,
+        require_client_auth=ca is not None,
+    )
 
 
 class RouterServer:
@@ -54,8 +114,10 @@ class RouterServer:
         self.settings = settings
         self.http_port = 0
         self.grpc_port = 0
+        self.worker_port = 0
         self.metrics_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
+        self._workers: grpc.aio.Server | None = None
         self._http: list[_UvicornServer] = []
         self._tasks: list[asyncio.Task[None]] = []  # the uvicorn servers
         self._expiry: asyncio.Task[None] | None = None
@@ -70,37 +132,74 @@ class RouterServer:
 
     async def _start(self) -> None:
         s = self.settings
+        s.check()
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
         ]
-        self._grpc = grpc.aio.server(options=options)
-        add_worker_service(self._grpc, self.router)
+        workers = [TokenInterceptor(TokenSet([s.worker_token]), "worker")] if s.worker_token else []
+        self._workers = grpc.aio.server(options=options, interceptors=workers)
+        add_worker_service(self._workers, self.router)
+        self.worker_port = self._workers.add_insecure_port(f"{s.worker_host}:{s.worker_port}")
+        if self.worker_port == 0:
+            raise OSError(
+                f"cannot listen for workers on {s.worker_host}:{s.worker_port} (port in use?)"
+            )
+        await self._workers.start()
+        tokens = TokenSet(s.auth_tokens) if s.auth_tokens else None
+        clients = [TokenInterceptor(tokens, "gRPC client")] if tokens else []
+        self._grpc = grpc.aio.server(options=options, interceptors=clients)
         add_inference_service(self._grpc, self.router)
-        self.grpc_port = self._grpc.add_insecure_port(f"{s.host}:{s.grpc_port}")
+        address = f"{s.host}:{s.grpc_port}"
+        if s.tls:
+            self.grpc_port = self._grpc.add_secure_port(address, server_credentials(s))
+        else:
+            self.grpc_port = self._grpc.add_insecure_port(address)
         if self.grpc_port == 0:
             raise OSError(f"cannot listen for gRPC on {s.host}:{s.grpc_port} (port in use?)")
         await self._grpc.start()
         metrics = make_asgi_app(self.registry)
         app = create_http_app(self.router, max_body_bytes=s.max_body_bytes, metrics_app=metrics)
-        self.http_port = await self._serve_http(app, s.http_port, "HTTP")
+        if tokens is not None:
+            app = BearerAuth(app, tokens)
+        self.http_port = await self._serve_http(app, s.http_port, "HTTP", tls=s.tls)
         if s.metrics_port is not None:
             self.metrics_port = await self._serve_http(
-                create_metrics_app(metrics), s.metrics_port, "metrics"
+                create_metrics_app(metrics, self.router), s.metrics_port, "metrics"
             )
         self._expiry = asyncio.create_task(self.router.expire_queued())
 
-    async def _serve_http(self, app: ASGIApp, port: int, what: str) -> int:
+    async def _serve_http(self, app: ASGIApp, port: int, what: str, *, tls: bool = False) -> int:
         """Start uvicorn for `app` on `port`; return the bound port once it serves."""
-        host = self.settings.host
+        s = self.settings
+        host = s.host
+        ssl: dict[str, Any] = {}
+        if tls:
+            for flag, path in (("--tls-cert", s.tls_cert), ("--tls-key", s.tls_key)):
+                assert path is not None
+                _read(path, flag)  # a readable file, or the error names the flag
+            ssl = {"ssl_certfile": str(s.tls_cert), "ssl_keyfile": str(s.tls_key)}
+            if s.tls_client_ca is not None:
+                _read(s.tls_client_ca, "--tls-client-ca")
+                ssl |= {"ssl_ca_certs": str(s.tls_client_ca), "ssl_cert_reqs": CERT_REQUIRED}
         try:
             sock = bind_socket(host, port)
         except OSError as exc:
             raise OSError(f"cannot listen for {what} on {host}:{port}: {exc}") from None
         config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            **ssl,
         )
+        try:
+            config.load()  # reads the certificate now: a bad one is an error, not a dead port
+        except Exception as exc:  # ssl.SSLError, OSError: the files are not a key pair
+            sock.close()
+            raise AuthConfigError(f"cannot use the TLS certificate/key for {what}: {exc}") from None
         server = _UvicornServer(config)
         task = asyncio.create_task(server.serve(sockets=[sock]))
         self._http.append(server)
@@ -116,6 +215,8 @@ class RouterServer:
             server.should_exit = True
         if self._grpc is not None:
             await self._grpc.stop(grace_s)
+        if self._workers is not None:
+            await self._workers.stop(grace_s)
         tasks = list(self._tasks)
         if self._expiry is not None:
             self._expiry.cancel()

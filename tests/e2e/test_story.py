@@ -14,8 +14,9 @@ kubelet, tests/support/kube); with `$KUBECONFIG` set, unchanged on that cluster
 
 `test_a_broken_rendering_fails_with_a_pointer` proves the harness really runs the
 manifests: the same story, with the operator's output post-processed by a mutating
-admission hook of the emulator (a wrong router address in a worker's args, or no gRPC
-port on the router's Service), fails at once with a message naming the cause.
+admission hook of the emulator (a wrong router address in a worker's args, no port on
+the workers' Service, or a worker without the worker token), fails at once with a
+message naming the cause.
 """
 
 from __future__ import annotations
@@ -457,27 +458,39 @@ def breakage(name: str, *expected: str) -> Callable[[Callable[[str, dict[str, An
     "wrong-router-address",
     f"Deployment {NS}/{PIPELINE}-fast: 0/1 ready",
     "readiness probe failed: HTTP 503",
-    f"router {PIPELINE}-ruoter:8001: UNAVAILABLE",
+    f"router {PIPELINE}-ruoter-workers:8003: UNAVAILABLE",
 )
 def _misspell_the_router(kind: str, obj: dict[str, Any]) -> None:
     """The `fast` workers dial a router name that does not resolve."""
     if kind == "Deployment" and obj["metadata"]["name"] == f"{PIPELINE}-fast":
         container = obj["spec"]["template"]["spec"]["containers"][0]
         container["args"] = [
-            a.replace(f"{PIPELINE}-router:", f"{PIPELINE}-ruoter:") for a in container["args"]
+            a.replace(f"{PIPELINE}-router-workers:", f"{PIPELINE}-ruoter-workers:")
+            for a in container["args"]
         ]
 
 
 @breakage(
-    "no-grpc-port",
-    f"service {NS}/{PIPELINE}-router 127.2.0.",  # and its ports: no grpc:8001
-    "http:8000 -> ['127.1.0.",
-    f"router {PIPELINE}-router:8001: UNAVAILABLE",
+    "no-worker-port",
+    f"service {NS}/{PIPELINE}-router-workers 127.2.0.",  # and its ports: no worker:8003
+    f"router {PIPELINE}-router-workers:8003: UNAVAILABLE",
 )
-def _drop_the_grpc_port(kind: str, obj: dict[str, Any]) -> None:
-    """The router's Service loses its gRPC port: workers cannot reach the router."""
-    if kind == "Service" and obj["metadata"]["name"] == f"{PIPELINE}-router":
-        obj["spec"]["ports"] = [p for p in obj["spec"]["ports"] if p["name"] != "grpc"]
+def _drop_the_worker_port(kind: str, obj: dict[str, Any]) -> None:
+    """The workers' Service loses its port: workers cannot reach the router."""
+    if kind == "Service" and obj["metadata"]["name"] == f"{PIPELINE}-router-workers":
+        obj["spec"]["ports"] = []
+
+
+@breakage(
+    "no-worker-token",
+    f"Deployment {NS}/{PIPELINE}-fast: 0/1 ready",
+    "refused this worker's token (UNAUTHENTICATED)",
+)
+def _forget_the_worker_token(kind: str, obj: dict[str, Any]) -> None:
+    """The `fast` workers lose the worker token: the router refuses them."""
+    if kind == "Deployment" and obj["metadata"]["name"] == f"{PIPELINE}-fast":
+        container = obj["spec"]["template"]["spec"]["containers"][0]
+        container["env"] = [e for e in container["env"] if e["name"] != "SLOLINE_WORKER_TOKEN"]
 
 
 @pytest.mark.parametrize("name", sorted(BREAKAGES))
@@ -494,5 +507,5 @@ def test_a_broken_rendering_fails_with_a_pointer(story: Story, name: str) -> Non
     assert message.startswith("router and workers are ready: not within"), message
     for text in expected:
         assert text in message, f"{text!r} not in the failure message:\n{message}"
-    if name == "no-grpc-port":
-        assert "grpc:8001" not in message.split(f"service {NS}/{PIPELINE}-router", 1)[1]
+    if name == "no-worker-port":
+        assert "worker:8003" not in message.split(f"service {NS}/{PIPELINE}-router-workers", 1)[1]

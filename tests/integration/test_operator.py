@@ -8,6 +8,7 @@ Deployments' ready replicas."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import json
@@ -201,6 +202,14 @@ def test_lifecycle_create_profile_plan_deploy_change_delete(cluster: KubeEmulato
             (owner,) = obj["metadata"]["ownerReferences"]
             assert (owner["uid"], owner["controller"]) == (uid, True)
             assert obj["metadata"]["labels"]["sloline.dev/pipeline"] == "noop"
+        # The worker channel: its token Secret, Service and NetworkPolicy, owned (GC'd).
+        for kind, name in (
+            ("secrets", "noop-worker-token"),
+            ("services", "noop-router-workers"),
+            ("networkpolicies", "noop-router"),
+        ):
+            (owner,) = kube.get(kind, NS, name)["metadata"]["ownerReferences"]
+            assert (owner["uid"], owner["controller"]) == (uid, True)
         config = owned[0]["data"]
         assert yaml.safe_load(config["pipeline.yaml"])["spec"]["output"] == "s3"
         plan = Plan.from_dict(json.loads(config["plan.json"]))
@@ -309,11 +318,20 @@ def test_reconciling_twice_writes_nothing(cluster: KubeEmulator) -> None:
         created = kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}})
         return int(created["metadata"]["resourceVersion"])
 
+    token = kube.get("secrets", NS, "noop-worker-token")["data"]["token"]
     before = probe("before")
     report = reconcile(context, kube.get(PIPELINE, NS, "noop"), lambda *e: posted.append(e))
     assert probe("after") == before + 1, "the second reconcile wrote something"
-    assert not report.changed and len(report.unchanged) == 6
+    assert not report.changed and len(report.unchanged) == 9
     assert posted == []
+    # The worker token was made once and is kept; a Secret that lost it gets a new one.
+    assert kube.get("secrets", NS, "noop-worker-token")["data"]["token"] == token
+    assert len(base64.b64decode(token)) >= 40
+    kube.patch("secrets", NS, "noop-worker-token", {"data": {"token": None}})
+    report = reconcile(context, kube.get(PIPELINE, NS, "noop"), lambda *e: posted.append(e))
+    assert report.patched == ["Secret/noop-worker-token"]
+    fresh = kube.get("secrets", NS, "noop-worker-token")["data"]["token"]
+    assert fresh != token and len(base64.b64decode(fresh)) >= 40
 
 
 def test_invalid_spec_reports_the_field_and_creates_nothing(cluster: KubeEmulator) -> None:
@@ -357,7 +375,7 @@ def test_operator_restart_mid_profiling_duplicates_nothing(cluster: KubeEmulator
             run_job(kube, job, NOOP_DIR)
         deployed(kube, 1)
         assert len(kube.list("deployments", NS)) == 4
-        assert len(kube.list("services", NS)) == 1
+        assert len(kube.list("services", NS)) == 2  # the clients' and the workers'
         assert [e["reason"] for e in events(kube)].count("Planned") == 1
 
 

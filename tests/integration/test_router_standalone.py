@@ -64,7 +64,13 @@ class Processes:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.started: dict[str, subprocess.Popen[bytes]] = {}
-        self.env = {**os.environ, "SLOLINE_MODEL_DIR": str(NOOP_DIR), "PYTHONUNBUFFERED": "1"}
+        self.env = {
+            **os.environ,
+            "SLOLINE_MODEL_DIR": str(NOOP_DIR),
+            "PYTHONUNBUFFERED": "1",
+            # The pipeline's worker token, as the operator's Secret gives it to both.
+            "SLOLINE_WORKER_TOKEN": "standalone-test-token",
+        }
 
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         with (self.folder / f"{name}.log").open("wb") as log:
@@ -136,8 +142,9 @@ def test_router_and_workers_started_in_any_order(processes: Processes, tmp_path:
     pipeline.write_text(NOOP.read_text().replace("latencyMs: 100", "latencyMs: 5000"))
     plan = config / "plan.json"
     write_plan(plan)
-    http, grpc_port, metrics = free_port(), free_port(), free_port()
+    http, grpc_port, metrics, worker_port = free_port(), free_port(), free_port(), free_port()
     router_address = f"127.0.0.1:{grpc_port}"
+    worker_address = f"127.0.0.1:{worker_port}"
     health = {name: free_port() for name in ("s1", "s2a", "s2b", "s3")}
 
     def worker(name: str) -> None:
@@ -150,7 +157,7 @@ def test_router_and_workers_started_in_any_order(processes: Processes, tmp_path:
             "--stage",
             stage,
             "--router",
-            router_address,
+            worker_address,
             "--health-port",
             str(health[name]),
         )
@@ -175,6 +182,8 @@ def test_router_and_workers_started_in_any_order(processes: Processes, tmp_path:
         str(grpc_port),
         "--metrics-port",
         str(metrics),
+        "--worker-port",
+        str(worker_port),
     )
     for name in ("s2a", "s2b", "s3"):
         worker(name)

@@ -51,9 +51,12 @@ class BackgroundPipeline:
         run_tuner: bool = True,
         problem: PlanningProblem | None = None,
         replan: ReplanSettings | None = None,
+        server: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = EmbeddedSettings(
-            server=ServerSettings(http_port=0, grpc_port=0, max_body_bytes=max_body_bytes),
+            server=ServerSettings(
+                http_port=0, grpc_port=0, max_body_bytes=max_body_bytes, **(server or {})
+            ),
             # Tests check function, not the SLO: a loaded CI machine must not turn slow
             # answers into 504s unless a test asks for tight deadlines.
             router=router or RouterSettings(deadline_factor=50.0),

@@ -23,6 +23,7 @@ BUILTINS = {
     "": {"namespaces", "nodes", "pods", "services", "configmaps", "secrets", "events",
          "serviceaccounts", "endpoints"},
     "apps": {"deployments", "replicasets", "statefulsets"},
+    "networking.k8s.io": {"networkpolicies"},
     "batch": {"jobs"},
     "coordination.k8s.io": {"leases"},
     "events.k8s.io": {"events"},

@@ -18,7 +18,8 @@ def live_copy(desired: dict[str, Any]) -> dict[str, Any]:
     live["metadata"].update(uid="u", resourceVersion="7", generation=1)
     live["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "1"
     pod = live["spec"]["template"]["spec"]
-    pod.update(dnsPolicy="ClusterFirst", schedulerName="default-scheduler", securityContext={})
+    pod.update(dnsPolicy="ClusterFirst", schedulerName="default-scheduler")
+    pod["securityContext"] = {**pod.get("securityContext", {}), "fsGroupChangePolicy": "Always"}
     for container in pod["containers"]:
         container["terminationMessagePath"] = "/dev/termination-log"
         for quantities in container.get("resources", {}).values():

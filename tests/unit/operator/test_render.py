@@ -26,13 +26,21 @@ from sloline.operator.render import (
 from sloline.operator.settings import OperatorSettings
 from tests.unit.operator.helpers import DIGITS, NOOP, gpu_settings, make_plan, pipeline_object
 
+TOKEN = "test-worker-token"  # noqa: S105
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 LONG = "p" + "x" * 62  # a 63-character pipeline name, the longest the spec allows
 
 
 def everything(t: Target, settings: OperatorSettings, hardware: str) -> list[Manifest]:
     """Every object the operator renders for `t`: serving objects, Jobs, the cache."""
-    objects = render(t, make_plan(t, hardware), settings, plan_inputs="d", service_monitor=True)
+    objects = render(
+        t,
+        make_plan(t, hardware),
+        settings,
+        worker_token=TOKEN,
+        plan_inputs="d",
+        service_monitor=True,
+    )
     objects += [
         render_profiling_job(t, settings, task.stage, task.hardware, task.key)
         for task in profile_tasks(t, settings)
@@ -66,7 +74,14 @@ def case(request: pytest.FixtureRequest) -> str:
 def test_every_builtin_object_validates_strictly(case: str) -> None:
     _, objects = render_case(case)
     builtin = [o for o in objects if o["kind"] != "ServiceMonitor"]
-    assert {o["kind"] for o in builtin} == {"ConfigMap", "Deployment", "Service", "Job"}
+    assert {o["kind"] for o in builtin} == {
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "Job",
+        "Secret",
+        "NetworkPolicy",
+    }
     for obj in builtin:
         kubernetes_validate.validate(obj, "1.37", strict=True)
 
@@ -129,7 +144,7 @@ def changed(before: list[Manifest], after: list[Manifest]) -> set[str]:
 
 def serving(doc: dict[str, Any]) -> list[Manifest]:
     t = Target.of(doc)
-    return render(t, make_plan(t), OperatorSettings())
+    return render(t, make_plan(t), OperatorSettings(), worker_token=TOKEN)
 
 
 def test_one_stage_change_rolls_only_that_stage() -> None:
@@ -173,7 +188,7 @@ def test_contract_commands_ports_and_mounts() -> None:
     assert router["command"] == ["sloline"]
     assert " ".join(router["args"]) == (
         "router --pipeline /etc/sloline/pipeline.yaml --plan /etc/sloline/plan.json "
-        "--host $(POD_IP) --port 8000 --grpc-port 8001 --metrics-port 8002"
+        "--host $(POD_IP) --port 8000 --grpc-port 8001 --metrics-port 8002 --worker-port 8003"
     )
     assert router["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert router["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
@@ -184,10 +199,13 @@ def test_contract_commands_ports_and_mounts() -> None:
         ("metrics", 8002),
     ]
     assert service["spec"]["publishNotReadyAddresses"] is True
+    workers = find(objects, "Service", "noop-router-workers")
+    assert [(p["name"], p["port"]) for p in workers["spec"]["ports"]] == [("worker", 8003)]
+    assert workers["spec"]["selector"] == service["spec"]["selector"]
     worker_deployment = find(objects, "Deployment", "noop-s2")
     (worker,) = containers(worker_deployment)
     assert " ".join(worker["args"]) == (
-        "worker --pipeline /etc/sloline/pipeline.yaml --stage s2 --router noop-router:8001 "
+        "worker --pipeline /etc/sloline/pipeline.yaml --stage s2 --router noop-router-workers:8003 "
         "--threads 1 --hardware cpu-1 --health-host $(POD_IP) --health-port 8080"
     )
     assert worker["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "health"}
@@ -199,7 +217,8 @@ def test_contract_commands_ports_and_mounts() -> None:
     assert {"POD_NAME", "POD_NAMESPACE"} <= set(env)
     assert env["SLOLINE_MODEL_DIR"]["value"] == "/models/noop"
     assert worker["volumeMounts"] == [
-        {"name": "config", "mountPath": "/etc/sloline", "readOnly": True}
+        {"name": "config", "mountPath": "/etc/sloline", "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
     ]
     job = find(objects, "Job", "noop-profile-s1-cpu-2")
     (profiler,) = containers(job)
@@ -290,3 +309,43 @@ def test_every_rendered_command_parses_with_the_real_cli(case: str) -> None:
     assert commands["worker"].health_port == 8080
     assert commands["router"].metrics_port == 8002
     assert commands["profile-job"].catalog == "/etc/sloline/catalog.yaml"
+
+
+def test_front_door_secrets_from_the_pipelines_annotations() -> None:
+    """`sloline.dev/tls-secret`, `client-ca-secret` and `auth-secret` mount those Secrets
+    read-only into the router pod and turn on the flags that read them; with TLS the
+    kubelet probes the plain metrics port. Workers are untouched."""
+    from sloline.cli import build_parser
+
+    annotations = {
+        "sloline.dev/tls-secret": "noop-tls",
+        "sloline.dev/client-ca-secret": "clients-ca",
+        "sloline.dev/auth-secret": "noop-tokens",
+    }
+    t = Target.of(pipeline_object(NOOP, annotations=annotations))
+    objects = everything(t, OperatorSettings(), "cpu-1")
+    deployment = find(objects, "Deployment", "noop-router")
+    kubernetes_validate.validate(deployment, "1.37", strict=True)
+    pod = deployment["spec"]["template"]["spec"]
+    (router,) = pod["containers"]
+    args = build_parser().parse_args([a.replace("$(POD_IP)", "10.0.0.7") for a in router["args"]])
+    assert (args.tls_cert, args.tls_key) == (
+        "/var/run/sloline/tls/tls.crt",
+        "/var/run/sloline/tls/tls.key",
+    )
+    assert args.tls_client_ca == "/var/run/sloline/client-ca/ca.crt"
+    assert args.auth_token_file == "/var/run/sloline/auth/tokens"  # noqa: S105
+    secrets = {v["secret"]["secretName"]: v["name"] for v in pod["volumes"] if "secret" in v}
+    assert set(secrets) == {"noop-tls", "clients-ca", "noop-tokens"}
+    mounted = {m["name"]: m for m in router["volumeMounts"]}
+    assert all(mounted[name]["readOnly"] for name in secrets.values())
+    assert router["readinessProbe"]["httpGet"]["port"] == "metrics"
+    assert router["livenessProbe"]["httpGet"]["port"] == "metrics"
+    (worker,) = containers(find(objects, "Deployment", "noop-s1"))
+    assert not any("tls" in a or "auth" in a for a in worker["args"])
+    # Bearer tokens alone: the health paths stay open on the HTTP port.
+    t = Target.of(pipeline_object(NOOP, annotations={"sloline.dev/auth-secret": "noop-tokens"}))
+    (router,) = containers(
+        find(everything(t, OperatorSettings(), "cpu-1"), "Deployment", "noop-router")
+    )
+    assert router["readinessProbe"]["httpGet"]["port"] == "http"

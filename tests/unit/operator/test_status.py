@@ -111,3 +111,4 @@ def test_plan_summary_and_endpoints() -> None:
         "http": "http://p-router.ns.svc:8000",
         "grpc": "p-router.ns.svc:8001",
     }
+    assert endpoints("p-router", "ns", tls=True)["http"] == "https://p-router.ns.svc:8000"
