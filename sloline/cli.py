@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sloline import __version__
 from sloline.backends.local import WORKER_NICE
@@ -120,7 +120,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     loaded = load_pipeline(args.file)
     catalog = _catalog(args)
     settings = EmbeddedSettings(
-        server=ServerSettings(host=args.host, http_port=args.port, grpc_port=args.grpc_port),
+        server=ServerSettings(
+            host=args.host, http_port=args.port, grpc_port=args.grpc_port, **_limits(args)
+        ),
         router=RouterSettings(queue_capacity=args.queue_capacity),
         catalog=catalog,
         replicas=_assignments(args.replicas, "--replicas"),  # type: ignore[arg-type]
@@ -306,6 +308,7 @@ def cmd_router(args: argparse.Namespace) -> int:
             http_port=args.port,
             grpc_port=args.grpc_port,
             metrics_port=args.metrics_port,
+            **_limits(args),
         ),
         router=RouterSettings(queue_capacity=args.queue_capacity),
         drain_s=args.drain_s,
@@ -331,6 +334,31 @@ def cmd_router(args: argparse.Namespace) -> int:
 
 def _flag_error(flag: str, reason: str) -> PipelineError:
     return PipelineError([Issue(flag, reason)], "flags")
+
+
+# Front-door limits (docs/operations.md "Front-door limits"): flag -> ServerSettings field.
+_LIMIT_FLAGS: dict[str, tuple[type, str]] = {
+    "max_json_body_bytes": (int, "largest all-JSON request body (4 MiB); binary: 64 MiB"),
+    "header_timeout_s": (float, "close a connection without complete headers after this (10)"),
+    "body_timeout_s": (float, "answer 408 to a body not complete this long after headers (60)"),
+    "keepalive_timeout_s": (float, "close an idle keep-alive HTTP connection after this (5)"),
+    "max_connections": (int, "open HTTP connections; more are answered 503 (2048)"),
+    "grpc_max_connections": (int, "open gRPC connections (2048)"),
+    "grpc_max_concurrent_rpcs": (int, "gRPC calls at once; more: RESOURCE_EXHAUSTED (8192)"),
+    "grpc_max_concurrent_streams": (int, "gRPC calls at once per connection (128)"),
+    "grpc_idle_s": (float, "close a gRPC connection without calls after this (300)"),
+    "grpc_max_age_s": (float, "close gRPC connections this old, gracefully (off)"),
+}
+
+
+def _add_limit_flags(p: argparse.ArgumentParser) -> None:
+    for name, (kind, help) in _LIMIT_FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=kind, help=help)
+
+
+def _limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The front-door limits given on the command line (the rest keep their defaults)."""
+    return {name: getattr(args, name) for name in _LIMIT_FLAGS if getattr(args, name) is not None}
 
 
 def _catalog(args: argparse.Namespace) -> HardwareCatalog:
@@ -765,6 +793,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("--hardware", action="append", default=[], metavar="STAGE=CLASS")
     p.add_argument("--queue-capacity", type=int, default=1024, help="items per stage queue")
     p.add_argument("--log-dir", help="worker logs (default: a new temp dir)")
+    _add_limit_flags(p)
     p.add_argument(
         "--status-interval", type=float, default=2.0, help="seconds between status lines; 0 = quiet"
     )
@@ -839,6 +868,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument(
         "--drain-s", type=float, default=5.0, help="on SIGTERM, wait this long for requests"
     )
+    _add_limit_flags(p)
     p.set_defaults(func=cmd_router)
 
     p = sub.add_parser("profile", help="measure each stage on each hardware class (cached)")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 import uvicorn
@@ -19,8 +20,23 @@ from prometheus_client import CollectorRegistry, make_asgi_app
 from starlette.types import ASGIApp
 
 from sloline.serving.grpc_frontdoor import add_inference_service
-from sloline.serving.http import bind_socket, create_http_app, create_metrics_app
+from sloline.serving.http import (
+    DEFAULT_MAX_JSON_BODY_BYTES,
+    bind_socket,
+    create_http_app,
+    create_metrics_app,
+)
+from sloline.serving.limits import (
+    GrpcLimits,
+    HttpLimits,
+    fd_budget,
+    grpc_server_options,
+    limited_http_protocol,
+    raise_fd_limit,
+)
 from sloline.serving.router import Router, add_worker_service
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
@@ -41,6 +57,33 @@ class ServerSettings:
     grpc_port: int = 8001
     metrics_port: int | None = None  # a separate /metrics-only port (0 = any free one)
     max_body_bytes: int = 64 * 1024 * 1024
+    # Front-door limits (sloline/serving/limits.py; docs/operations.md "Front-door limits").
+    max_json_body_bytes: int = DEFAULT_MAX_JSON_BODY_BYTES
+    header_timeout_s: float = 10.0  # REST headers, and gRPC's HTTP/2 handshake
+    body_timeout_s: float = 60.0
+    keepalive_timeout_s: float = 5.0
+    max_connections: int = 2048  # REST client connections
+    grpc_max_connections: int = 2048
+    grpc_max_concurrent_rpcs: int = 8192
+    grpc_max_concurrent_streams: int = 128  # per connection
+    grpc_idle_s: float = 300.0
+    grpc_max_age_s: float | None = None
+
+
+METRICS_MAX_CONNECTIONS = 64
+
+
+def uvicorn_config(app: ASGIApp, limits: HttpLimits, keepalive_timeout_s: float) -> uvicorn.Config:
+    """uvicorn's settings for a router's HTTP port: httptools with the front-door limits."""
+    return uvicorn.Config(
+        app,
+        http=limited_http_protocol(limits),
+        timeout_keep_alive=keepalive_timeout_s,  # type: ignore[arg-type]
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+    )
 
 
 class RouterServer:
@@ -70,12 +113,33 @@ class RouterServer:
 
     async def _start(self) -> None:
         s = self.settings
+        http_max, grpc_max = fd_budget(s.max_connections, s.grpc_max_connections, raise_fd_limit())
+        if (http_max, grpc_max) != (s.max_connections, s.grpc_max_connections):
+            log.warning(
+                "the open-files limit fits %d HTTP and %d gRPC connections, not %d and %d",
+                http_max,
+                grpc_max,
+                s.max_connections,
+                s.grpc_max_connections,
+            )
+        http_limits = HttpLimits(s.header_timeout_s, s.body_timeout_s, http_max)
+        limits = GrpcLimits(
+            max_connections=grpc_max,
+            handshake_timeout_s=s.header_timeout_s,
+            max_concurrent_streams=s.grpc_max_concurrent_streams,
+            max_concurrent_rpcs=s.grpc_max_concurrent_rpcs,
+            idle_s=s.grpc_idle_s,
+            max_age_s=s.grpc_max_age_s,
+        )
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
+            *grpc_server_options(limits),
         ]
-        self._grpc = grpc.aio.server(options=options)
+        self._grpc = grpc.aio.server(
+            options=options, maximum_concurrent_rpcs=limits.max_concurrent_rpcs
+        )
         add_worker_service(self._grpc, self.router)
         add_inference_service(self._grpc, self.router)
         self.grpc_port = self._grpc.add_insecure_port(f"{s.host}:{s.grpc_port}")
@@ -83,24 +147,28 @@ class RouterServer:
             raise OSError(f"cannot listen for gRPC on {s.host}:{s.grpc_port} (port in use?)")
         await self._grpc.start()
         metrics = make_asgi_app(self.registry)
-        app = create_http_app(self.router, max_body_bytes=s.max_body_bytes, metrics_app=metrics)
-        self.http_port = await self._serve_http(app, s.http_port, "HTTP")
+        app = create_http_app(
+            self.router,
+            max_body_bytes=s.max_body_bytes,
+            max_json_body_bytes=s.max_json_body_bytes,
+            metrics_app=metrics,
+        )
+        self.http_port = await self._serve_http(app, s.http_port, "HTTP", http_limits)
         if s.metrics_port is not None:
+            scrape = replace(http_limits, max_connections=METRICS_MAX_CONNECTIONS)
             self.metrics_port = await self._serve_http(
-                create_metrics_app(metrics), s.metrics_port, "metrics"
+                create_metrics_app(metrics), s.metrics_port, "metrics", scrape
             )
         self._expiry = asyncio.create_task(self.router.expire_queued())
 
-    async def _serve_http(self, app: ASGIApp, port: int, what: str) -> int:
+    async def _serve_http(self, app: ASGIApp, port: int, what: str, limits: HttpLimits) -> int:
         """Start uvicorn for `app` on `port`; return the bound port once it serves."""
         host = self.settings.host
         try:
             sock = bind_socket(host, port)
         except OSError as exc:
             raise OSError(f"cannot listen for {what} on {host}:{port}: {exc}") from None
-        config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
-        )
+        config = uvicorn_config(app, limits, self.settings.keepalive_timeout_s)
         server = _UvicornServer(config)
         task = asyncio.create_task(server.serve(sockets=[sock]))
         self._http.append(server)

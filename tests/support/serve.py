@@ -24,6 +24,7 @@ from sloline.tuner.replan import ReplanSettings
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 NOOP = ROOT / "tests" / "support" / "pipelines" / "noop" / "pipeline.yaml"
+RECIPROCAL = ROOT / "tests" / "support" / "pipelines" / "noop" / "reciprocal.yaml"
 SLEEPY = ROOT / "tests" / "support" / "pipelines" / "sleepy" / "pipeline.yaml"
 BATCHY = ROOT / "tests" / "support" / "pipelines" / "batchy" / "pipeline.yaml"
 T = TypeVar("T")
@@ -45,6 +46,7 @@ class BackgroundPipeline:
         max_batch: dict[str, int] | None = None,
         router: RouterSettings | None = None,
         max_body_bytes: int = 64 * 1024 * 1024,
+        server: ServerSettings | None = None,
         ready_timeout_s: float = 60.0,
         plan: Plan | None = None,
         tuner: Mapping[str, float] | None = None,
@@ -53,7 +55,8 @@ class BackgroundPipeline:
         replan: ReplanSettings | None = None,
     ) -> None:
         self.settings = EmbeddedSettings(
-            server=ServerSettings(http_port=0, grpc_port=0, max_body_bytes=max_body_bytes),
+            server=server
+            or ServerSettings(http_port=0, grpc_port=0, max_body_bytes=max_body_bytes),
             # Tests check function, not the SLO: a loaded CI machine must not turn slow
             # answers into 504s unless a test asks for tight deadlines.
             router=router or RouterSettings(deadline_factor=50.0),
