@@ -339,6 +339,7 @@ def _flag_error(flag: str, reason: str) -> PipelineError:
 # Front-door limits (docs/operations.md "Front-door limits"): flag -> ServerSettings field.
 _LIMIT_FLAGS: dict[str, tuple[type, str]] = {
     "max_json_body_bytes": (int, "largest all-JSON request body (4 MiB); binary: 64 MiB"),
+    "max_buffered_body_bytes": (int, "request bodies held at once; more: 503 (512 MiB)"),
     "header_timeout_s": (float, "close a connection without complete headers after this (10)"),
     "body_timeout_s": (float, "answer 408 to a body not complete this long after headers (60)"),
     "keepalive_timeout_s": (float, "close an idle keep-alive HTTP connection after this (5)"),

@@ -50,6 +50,7 @@ from sloline.serving.types import (
     InferenceError,
     InvalidInput,
     ModelNotFound,
+    Overloaded,
     PayloadTooLarge,
 )
 
@@ -59,6 +60,8 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 # A JSON body costs ~15x its size in Python objects while it is decoded, and blocks the
 # event loop meanwhile (docs/operations.md, "Front-door limits"): big tensors go binary.
 DEFAULT_MAX_JSON_BODY_BYTES = 4 * 1024 * 1024
+# All request bodies held at once (read or announced, until answered): 8 maximal binary ones.
+DEFAULT_MAX_BUFFERED_BODY_BYTES = 512 * 1024 * 1024
 JSON = "application/json"
 _INFER_PATH: Final = re.compile(
     r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"
@@ -118,8 +121,15 @@ class _Disconnected(Exception):
     """The client went away before its body arrived: nobody to answer."""
 
 
-async def _read_body(receive: Receive, declared: bytes | None, limit: _BodyLimit) -> list[bytes]:
-    """The body as the chunks uvicorn received (the codec copies tensors out of them)."""
+async def _read_body(
+    receive: Receive,
+    declared: bytes | None,
+    limit: _BodyLimit,
+    budget: _BodyBudget,
+    reserved: list[int],
+) -> list[bytes]:
+    """The body as the chunks uvicorn received (the codec copies tensors out of them),
+    its bytes held in `budget` (`reserved` says how many, for the caller to give back)."""
     if declared is not None:
         if not declared.isdigit():
             raise InvalidInput(
@@ -127,6 +137,7 @@ async def _read_body(receive: Receive, declared: bytes | None, limit: _BodyLimit
             )
         if int(declared) > limit.bytes:
             raise limit.exceeded(f"is {int(declared)} bytes, over")
+        budget.reserve(int(declared), reserved)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -138,6 +149,8 @@ async def _read_body(receive: Receive, declared: bytes | None, limit: _BodyLimit
             size += len(chunk)
             if size > limit.bytes:
                 raise limit.exceeded("exceeds")
+            if size > reserved[0]:  # chunked: no Content-Length was reserved
+                budget.reserve(size - reserved[0], reserved)
             chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks
@@ -168,6 +181,29 @@ class _BodyLimit:
         )
 
 
+class _BodyBudget:
+    """Bytes of request bodies held by the REST door at once (read, or promised by their
+    Content-Length, until the request is answered): beyond it a request is 503 before its
+    body is read, so many large bodies at once cannot exhaust the router's memory."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def reserve(self, size: int, reserved: list[int]) -> None:
+        """Hold `size` more bytes for one request (`reserved` counts its total)."""
+        if self.held + size > self.limit:
+            raise Overloaded(
+                f"request bodies being served hold {self.held} bytes; {size} more would pass "
+                f"the {self.limit}-byte limit (max_buffered_body_bytes); retry later",
+                retry_after_s=1.0,
+            )
+        self.held += size
+        reserved[0] += size
+
+
 def _check_version(plane: DataPlane, name: str, version: str) -> None:
     versions = plane.model_metadata(name).versions
     if version and versions and version not in versions:
@@ -179,6 +215,7 @@ def create_http_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_json_body_bytes: int = DEFAULT_MAX_JSON_BODY_BYTES,
+    max_buffered_body_bytes: int = DEFAULT_MAX_BUFFERED_BODY_BYTES,
     metrics_app: ASGIApp | None = None,
 ) -> ASGIApp:
     """The OIP v2 REST app over `plane`, for uvicorn on a socket from `bind_socket`.
@@ -214,7 +251,9 @@ def create_http_app(
         ok = plane.model_ready(name)
         return _json({"name": name, "ready": ok}, 200 if ok else 503)
 
-    infer = _InferEndpoint(plane, max_body_bytes, max_json_body_bytes)
+    infer = _InferEndpoint(
+        plane, max_body_bytes, max_json_body_bytes, _BodyBudget(max_buffered_body_bytes)
+    )
     model = "/v2/models/{name}"
     versioned = "/v2/models/{name}/versions/{version}"
     routes = [
@@ -276,8 +315,11 @@ class _InferEndpoint:
     anything unexpected is logged and answered 500.
     """
 
-    def __init__(self, plane: DataPlane, max_body_bytes: int, max_json_body_bytes: int) -> None:
+    def __init__(
+        self, plane: DataPlane, max_body_bytes: int, max_json_body_bytes: int, budget: _BodyBudget
+    ) -> None:
         self._plane = plane
+        self._budget = budget
         self._binary_limit = _BodyLimit(max_body_bytes, json=False, max_body_bytes=max_body_bytes)
         self._json_limit = _BodyLimit(
             min(max_json_body_bytes, max_body_bytes), json=True, max_body_bytes=max_body_bytes
@@ -287,8 +329,16 @@ class _InferEndpoint:
         self._known: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        reserved = [0]  # body bytes this request holds in the budget until it is answered
         try:
-            encoded = await self._answer(scope, receive)
+            await self._serve(scope, receive, send, reserved)
+        finally:
+            # The answer's tensors may be views of the body: its bytes count until written.
+            self._budget.held -= reserved[0]
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, reserved: list[int]) -> None:
+        try:
+            encoded = await self._answer(scope, receive, reserved)
         except _Disconnected:
             return
         except InferenceError as exc:
@@ -314,7 +364,7 @@ class _InferEndpoint:
         for i, part in enumerate(encoded.parts):
             await send({"type": "http.response.body", "body": part, "more_body": i < last})
 
-    async def _answer(self, scope: Scope, receive: Receive) -> codec.RestBody:
+    async def _answer(self, scope: Scope, receive: Receive, reserved: list[int]) -> codec.RestBody:
         name, version = scope["path_params"]["name"], scope["path_params"].get("version", "")
         # The name first: a request to a model that is not here is a 404 whatever its body
         # holds, and its body is not worth reading.
@@ -336,7 +386,9 @@ class _InferEndpoint:
                 "limit for JSON; send large tensors raw after the JSON header or raise the "
                 "server's max_json_body_bytes"
             )
-        body = await _read_body(receive, headers.get(b"content-length"), limit)
+        body = await _read_body(
+            receive, headers.get(b"content-length"), limit, self._budget, reserved
+        )
         request = codec.decode_rest_request(
             name, body, None if header_length is None else header_length.decode("latin-1")
         )

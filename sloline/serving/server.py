@@ -21,6 +21,7 @@ from starlette.types import ASGIApp
 
 from sloline.serving.grpc_frontdoor import add_inference_service
 from sloline.serving.http import (
+    DEFAULT_MAX_BUFFERED_BODY_BYTES,
     DEFAULT_MAX_JSON_BODY_BYTES,
     bind_socket,
     create_http_app,
@@ -59,6 +60,7 @@ class ServerSettings:
     max_body_bytes: int = 64 * 1024 * 1024
     # Front-door limits (sloline/serving/limits.py; docs/operations.md "Front-door limits").
     max_json_body_bytes: int = DEFAULT_MAX_JSON_BODY_BYTES
+    max_buffered_body_bytes: int = DEFAULT_MAX_BUFFERED_BODY_BYTES  # all bodies at once
     header_timeout_s: float = 10.0  # REST headers, and gRPC's HTTP/2 handshake
     body_timeout_s: float = 60.0
     keepalive_timeout_s: float = 5.0
@@ -151,6 +153,7 @@ class RouterServer:
             self.router,
             max_body_bytes=s.max_body_bytes,
             max_json_body_bytes=s.max_json_body_bytes,
+            max_buffered_body_bytes=s.max_buffered_body_bytes,
             metrics_app=metrics,
         )
         self.http_port = await self._serve_http(app, s.http_port, "HTTP", http_limits)

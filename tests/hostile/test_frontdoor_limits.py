@@ -30,6 +30,7 @@ from tests.support.serve import RECIPROCAL, BackgroundPipeline
 TIMEOUT_S = 1.0  # header, body and (half of it) keep-alive timeouts of the `served` router
 JSON_LIMIT = 64 * 1024
 BODY_LIMIT = 1024 * 1024
+BUFFERED_LIMIT = 400 * 1024  # all bodies at once
 GIVE_UP_S = 15.0  # a limit that is missing fails the test instead of hanging it
 INFER = "/v2/models/reciprocal/infer"
 
@@ -44,6 +45,7 @@ def served() -> Iterator[BackgroundPipeline]:
         header_timeout_s=TIMEOUT_S,
         body_timeout_s=TIMEOUT_S,
         keepalive_timeout_s=TIMEOUT_S / 2,
+        max_buffered_body_bytes=BUFFERED_LIMIT,
     )
     with BackgroundPipeline(RECIPROCAL, server=settings) as pipeline:
         yield pipeline
@@ -213,6 +215,36 @@ def test_over_limit_json_body_is_413_before_it_is_read(served: BackgroundPipelin
     extra = b"Inference-Header-Content-Length: %d\r\n" % len(header)
     status, doc = _post(served.http_url, header + x.tobytes(), extra)
     assert status == 200 and doc["outputs"][0]["data"][:2] == [0.5, 0.5]
+
+
+def _binary_request(values: np.ndarray) -> tuple[bytes, bytes]:
+    """(extra headers, body) of a binary-extension request for `values` (FP32)."""
+    tensor = {
+        "name": "x",
+        "datatype": "FP32",
+        "shape": [values.size],
+        "parameters": {"binary_data_size": values.nbytes},
+    }
+    header = json.dumps({"inputs": [tensor]}).encode()
+    return b"Inference-Header-Content-Length: %d\r\n" % len(header), header + values.tobytes()
+
+
+def test_bodies_held_at_once_are_capped(served: BackgroundPipeline) -> None:
+    """Bodies being received count toward `max_buffered_body_bytes` from their
+    Content-Length: a second large one is 503 before it is read, and once the first is
+    answered its bytes are free again."""
+    extra, body = _binary_request(np.full(60_000, 2.0, np.float32))  # 240 KB each
+    first = _connect(served.http_url)
+    with first:
+        first.sendall(_head(len(body), extra) + body[:1000])  # announced, not all sent
+        _until(lambda: _post(served.http_url, body, extra)[0] == 503, "no 503 over the cap")
+        status, doc = _post(served.http_url, body, extra)
+        assert status == 503 and "max_buffered_body_bytes" in doc["error"], doc
+        first.sendall(body[1000:])
+        status, doc, _ = _read_response(first)
+        assert status == 200 and doc["outputs"][0]["data"][:1] == [0.5]
+    status, doc = _post(served.http_url, body, extra)
+    assert status == 200, doc
 
 
 def _grpc_infer(url: str, raw: bytes | None = None, fp32: list[float] | None = None) -> str:
