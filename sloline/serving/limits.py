@@ -139,9 +139,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing() or self._phase is not _Phase.BODY:
             return
         cycle = self.cycle
-        if not cycle.response_started:
+        if cycle is not None and not cycle.response_started and not self.pipeline:
             # The app is waiting for the body: it reads a disconnect, and its answer (if it
-            # tries one) goes nowhere; the client gets the 408.
+            # tries one) goes nowhere; the client gets the 408. (A pipelined request queued
+            # behind another one's answer just loses the connection.)
             cycle.disconnected = True
             cycle.message_event.set()
             self.transport.write(self._body_timeout)

@@ -80,6 +80,7 @@ def uvicorn_config(app: ASGIApp, limits: HttpLimits, keepalive_timeout_s: float)
     return uvicorn.Config(
         app,
         http=limited_http_protocol(limits),
+        ws="none",  # no WebSocket routes: an Upgrade request is served as plain HTTP
         timeout_keep_alive=keepalive_timeout_s,  # type: ignore[arg-type]
         log_level="warning",
         access_log=False,
