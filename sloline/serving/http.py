@@ -183,7 +183,7 @@ class _BodyLimit:
 
 class _BodyBudget:
     """Bytes of request bodies held by the REST door at once (read, or promised by their
-    Content-Length, until the request is answered): beyond it a request is 503 before its
+    Content-Length, until the plane has answered): beyond it a request is 503 before its
     body is read, so many large bodies at once cannot exhaust the router's memory."""
 
     __slots__ = ("held", "limit")
@@ -331,13 +331,6 @@ class _InferEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         reserved = [0]  # body bytes this request holds in the budget until it is answered
         try:
-            await self._serve(scope, receive, send, reserved)
-        finally:
-            # The answer's tensors may be views of the body: its bytes count until written.
-            self._budget.held -= reserved[0]
-
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, reserved: list[int]) -> None:
-        try:
             encoded = await self._answer(scope, receive, reserved)
         except _Disconnected:
             return
@@ -349,6 +342,10 @@ class _InferEndpoint:
             message = f"internal server error: {type(exc).__name__}: {exc}"
             await _json({"error": message}, 500)(scope, receive, send)
             return
+        finally:
+            # Answered: the body is not needed any more (a router's answers are views of
+            # its workers' messages, not of the request), whatever the client reads.
+            self._budget.held -= reserved[0]
         size = b"%d" % encoded.size
         if encoded.header_length is None:
             headers = [(b"content-length", size), (b"content-type", JSON.encode())]

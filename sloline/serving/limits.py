@@ -7,10 +7,12 @@ run` / `sloline router`, table in docs/operations.md "Front-door limits"):
 - **REST** (uvicorn with httptools): `LimitedHttpProtocol` closes a connection whose
   request headers are not complete `header_timeout_s` after its first byte (or after the
   connection opened), and answers 408 when a body is not complete `body_timeout_s` after
-  its headers (slowloris and trickled bodies); uvicorn's `timeout_keep_alive` closes idle
-  keep-alive connections. Beyond `max_connections` open connections a new one is answered
-  503 at once and closed, before anything is read, so a flood of idle sockets costs one
-  file descriptor per connection for microseconds, not for ever.
+  its headers (slowloris and trickled bodies), and aborts a connection whose client has
+  not read its answer for `body_timeout_s` (a full send buffer that does not drain);
+  uvicorn's `timeout_keep_alive` closes idle keep-alive connections. Beyond
+  `max_connections` open connections a new one is answered 503 at once and closed,
+  before anything is read, so a flood of idle sockets costs one file descriptor per
+  connection for microseconds, not for ever.
 - **gRPC**: `grpc_server_options` bounds connections (`grpc.max_allowed_incoming_connections`),
   the HTTP/2 handshake, streams per connection, idle connections and (optionally) a
   connection's age, and enforces sane client keepalive pings; `grpc.aio.server(
@@ -76,11 +78,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     limits: HttpLimits = HttpLimits()
     _phase: _Phase
     _timer: asyncio.TimerHandle | None
+    _write_timer: asyncio.TimerHandle | None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._phase = _Phase.HEADERS
-        self._timer = None
+        self._timer = self._write_timer = None
         limits = self.limits
         if len(self.connections) > limits.max_connections:
             log.warning(
@@ -95,7 +98,25 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        # The client is not reading its answer: it gets `body_timeout_s` to make room.
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.limits.body_timeout_s, self._unread)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _unread(self) -> None:
+        self._write_timer = None
+        self.transport.abort()  # close() would wait for the unsent answer
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)

@@ -217,7 +217,7 @@ def test_over_limit_json_body_is_413_before_it_is_read(served: BackgroundPipelin
     assert status == 200 and doc["outputs"][0]["data"][:2] == [0.5, 0.5]
 
 
-def _binary_request(values: np.ndarray) -> tuple[bytes, bytes]:
+def _binary_request(values: np.ndarray, binary_output: bool = False) -> tuple[bytes, bytes]:
     """(extra headers, body) of a binary-extension request for `values` (FP32)."""
     tensor = {
         "name": "x",
@@ -225,7 +225,8 @@ def _binary_request(values: np.ndarray) -> tuple[bytes, bytes]:
         "shape": [values.size],
         "parameters": {"binary_data_size": values.nbytes},
     }
-    header = json.dumps({"inputs": [tensor]}).encode()
+    doc = {"inputs": [tensor], "parameters": {"binary_data_output": binary_output}}
+    header = json.dumps(doc).encode()
     return b"Inference-Header-Content-Length: %d\r\n" % len(header), header + values.tobytes()
 
 
@@ -329,6 +330,7 @@ def capped() -> Iterator[BackgroundPipeline]:
         http_port=0,
         grpc_port=0,
         header_timeout_s=GIVE_UP_S * 4,  # held connections stay for the whole test
+        body_timeout_s=TIMEOUT_S,  # (for the unread answer: the held ones send no body)
         max_connections=4,
         grpc_max_connections=3,  # the worker's stream is one of them
     )
@@ -411,3 +413,28 @@ def test_connection_caps_fit_the_open_files_limit() -> None:
     http, grpc_ = fd_budget(2048, 1024, 1024)
     assert http + grpc_ <= (1024 - FD_RESERVE) // 2 and http == 2 * grpc_
     assert min(fd_budget(10, 10, 0)) >= 1  # never zero: the router still serves
+
+
+def test_a_client_that_does_not_read_its_answer_is_cut_off(capped: BackgroundPipeline) -> None:
+    """A 16 MiB answer to a client that never reads: once the kernel's buffers are full the
+    router gives it the body timeout to make room, then drops the connection (and the
+    answer it was holding); others are served meanwhile and after."""
+    values = np.full(4 * 1024 * 1024, 2.0, np.float32)
+    extra, body = _binary_request(values, binary_output=True)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: small window
+    sock.settimeout(GIVE_UP_S)
+    with sock:
+        sock.connect(_address(capped.http_url))
+        sock.sendall(_head(len(body), extra) + body)
+        # Not reading, for longer than the router allows (this is the client under test).
+        time.sleep(TIMEOUT_S * 3)
+        assert _post(capped.http_url, _json_body([4.0]))[0] == 200
+        received = 0
+        try:
+            while chunk := sock.recv(1 << 20):
+                received += len(chunk)
+        except ConnectionResetError:
+            pass
+    assert received < values.nbytes, "the whole answer waited for the client"
+    assert capped.p.router.inflight == 0
