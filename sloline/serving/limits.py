@@ -10,9 +10,10 @@ run` / `sloline router`, table in docs/operations.md "Front-door limits"):
   its headers (slowloris and trickled bodies), and aborts a connection whose client has
   not read its answer for `body_timeout_s` (a full send buffer that does not drain);
   uvicorn's `timeout_keep_alive` closes idle keep-alive connections. Beyond
-  `max_connections` open connections a new one is answered 503 at once and closed,
-  before anything is read, so a flood of idle sockets costs one file descriptor per
-  connection for microseconds, not for ever.
+  `max_connections` open connections a new one is answered 503 at once, before anything
+  is read, and closed when the client has read it (at most 1 s later; under a flood, at
+  once), so a flood of idle sockets costs one file descriptor per connection for at
+  most a second, not for ever.
 - **gRPC**: `grpc_server_options` bounds connections (`grpc.max_allowed_incoming_connections`),
   the HTTP/2 handshake, streams per connection, idle connections and (optionally) a
   connection's age, and enforces sane client keepalive pings; `grpc.aio.server(
@@ -71,12 +72,41 @@ def _response(status: bytes, message: bytes, retry_after: bool = False) -> bytes
     )
 
 
+class _RefusalLog:
+    """Refused connections, logged at most once per `every_s` (a flood must not flood
+    the log too)."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self.count = 0
+        self.logged_at = -every_s
+
+    def note(self, now: float, limit: int) -> None:
+        self.count += 1
+        if now - self.logged_at >= self.every_s:
+            log.warning(
+                "refused %d HTTP connection(s) in the last %.0f s: %d open is the limit "
+                "(--max-connections)",
+                self.count,
+                min(now - self.logged_at, self.every_s),
+                limit,
+            )
+            self.count, self.logged_at = 0, now
+
+
+_REFUSALS: Final = _RefusalLog()
+REFUSAL_LINGER_S: Final = 1.0
+MAX_LINGERING: Final = 256
+_LINGERING = [0]  # refused connections lingering now
+
+
 class LimitedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with header and body read timeouts and a connection
     cap; `limited_http_protocol(limits)` makes the class uvicorn instantiates."""
 
     limits: HttpLimits = HttpLimits()
     _phase: _Phase
+    _refused: bool
     _timer: asyncio.TimerHandle | None
     _write_timer: asyncio.TimerHandle | None
 
@@ -84,19 +114,32 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._phase = _Phase.HEADERS
         self._timer = self._write_timer = None
+        self._refused = False
         limits = self.limits
         if len(self.connections) > limits.max_connections:
-            log.warning(
-                "refused an HTTP connection: %d open (limit %d)",
-                len(self.connections) - 1,
-                limits.max_connections,
-            )
-            transport.write(self._refusal)
-            transport.close()
+            self._refuse(transport)
             return
         self._timer = self.loop.call_later(limits.header_timeout_s, self._headers_late)
 
+    def _refuse(self, transport: asyncio.Transport) -> None:
+        """Answer 503 before reading anything. The connection then lingers (its input
+        discarded) until the client closes it, for at most `REFUSAL_LINGER_S`: closing at
+        once would make the client's kernel answer its request with a reset, which many
+        clients report instead of the 503. At most `MAX_LINGERING` linger at once; beyond
+        them a refused connection is closed at once."""
+        _REFUSALS.note(self.loop.time(), self.limits.max_connections)
+        self.connections.discard(self)  # not one of the connections the cap counts
+        self._refused = True
+        transport.write(self._refusal)
+        if _LINGERING[0] >= MAX_LINGERING:
+            transport.close()
+            return
+        _LINGERING[0] += 1
+        self._timer = self.loop.call_later(REFUSAL_LINGER_S, transport.close)
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused and self._timer is not None:
+            _LINGERING[0] -= 1
         self._cancel_timer()
         if self._write_timer is not None:
             self._write_timer.cancel()
@@ -119,6 +162,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.transport.abort()  # close() would wait for the unsent answer
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # answered 503 already: what the client sends is not read
         super().data_received(data)
         # A request split across reads: bound the phase it is in (one timer per phase).
         if self._timer is None and self._phase is not _Phase.IDLE:
