@@ -346,7 +346,7 @@ _LIMIT_FLAGS: dict[str, tuple[type, str]] = {
     "max_connections": (int, "open HTTP connections; more are answered 503 (2048)"),
     "grpc_max_connections": (int, "open gRPC connections (2048)"),
     "grpc_max_concurrent_rpcs": (int, "gRPC calls at once; more: RESOURCE_EXHAUSTED (8192)"),
-    "grpc_max_concurrent_streams": (int, "gRPC calls at once per connection (128)"),
+    "grpc_max_concurrent_streams": (int, "gRPC calls at once per connection (4096)"),
     "grpc_idle_s": (float, "close a gRPC connection without calls after this (300)"),
     "grpc_max_age_s": (float, "close gRPC connections this old, gracefully (off)"),
 }

@@ -249,7 +249,7 @@ class GrpcLimits:
 
     max_connections: int = 2048
     handshake_timeout_s: float = 10.0
-    max_concurrent_streams: int = 128
+    max_concurrent_streams: int = 4096
     max_concurrent_rpcs: int = 8192
     idle_s: float = 300.0
     max_age_s: float | None = None

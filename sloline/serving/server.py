@@ -67,7 +67,7 @@ class ServerSettings:
     max_connections: int = 2048  # REST client connections
     grpc_max_connections: int = 2048
     grpc_max_concurrent_rpcs: int = 8192
-    grpc_max_concurrent_streams: int = 128  # per connection
+    grpc_max_concurrent_streams: int = 4096  # per connection (the router sheds beyond 4096)
     grpc_idle_s: float = 300.0
     grpc_max_age_s: float | None = None
 
