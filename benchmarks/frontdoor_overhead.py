@@ -4,6 +4,8 @@ One server process runs, on one asyncio loop (as the router does), four servers 
 echo data plane (the output is the input tensor, no model):
 
 - REST front door (`create_http_app` on uvicorn), binary tensor extension both ways;
+  once on plain uvicorn and once with the router's uvicorn settings (its front-door
+  limits: header/body timeouts and connection cap, `serving/limits.py`);
 - raw HTTP echo: uvicorn with a bare ASGI app returning the request body (same bytes);
 - gRPC front door (`add_inference_service` on grpc.aio), raw_input/output_contents;
 - raw gRPC echo: a grpc.aio unary method returning its request bytes (no protobuf).
@@ -52,6 +54,8 @@ from starlette.types import Receive, Scope, Send
 from sloline.serving import codec
 from sloline.serving.grpc_frontdoor import add_inference_service, server_options
 from sloline.serving.http import bind_socket, create_http_app
+from sloline.serving.limits import HttpLimits
+from sloline.serving.server import uvicorn_config
 from sloline.serving.types import (
     InferRequest,
     InferResponse,
@@ -122,11 +126,14 @@ async def _serve(conn: Connection) -> None:
     servers: list[uvicorn.Server] = []
     tasks = []
     ports = {"grpc": grpc_port}
-    for key, app in (("rest", create_http_app(plane, max_body_bytes=MAX_BYTES)),
-                     ("raw_http", raw_http_echo)):  # fmt: skip
+    door = create_http_app(plane, max_body_bytes=MAX_BYTES)
+    for key, app in (("rest", door), ("rest_limits", door), ("raw_http", raw_http_echo)):
         sock = bind_socket("127.0.0.1", 0)
         ports[key] = sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="error", access_log=False, lifespan="off")
+        if key == "rest_limits":
+            config = uvicorn_config(app, HttpLimits(), keepalive_timeout_s=5.0)
+        else:
+            config = uvicorn.Config(app, log_level="error", access_log=False, lifespan="off")
         servers.append(uvicorn.Server(config))
         tasks.append(asyncio.create_task(servers[-1].serve(sockets=[sock])))
     deadline = time.monotonic() + 10
@@ -250,6 +257,7 @@ async def run_payload(
     rows = []
     cases: list[tuple[str, int | Any, bytes]] = [  # (name, HTTP port or gRPC method, head)
         ("REST OIP door (binary)", ports["rest"], door_head),
+        ("REST OIP door (binary), front-door limits", ports["rest_limits"], door_head),
         ("raw HTTP echo (uvicorn, bare ASGI)", ports["raw_http"], raw_head),
         ("gRPC OIP door", grpc_infer, b""),
         ("raw gRPC echo (grpc.aio, bytes)", grpc_echo, b""),

@@ -307,10 +307,11 @@ async def _serve(
 
 
 def _front_door(args: argparse.Namespace) -> dict[str, Any]:
-    """ServerSettings fields of the client doors' TLS and bearer-token flags."""
+    """ServerSettings fields of the client doors' TLS, bearer-token and limit flags."""
     from sloline.serving.auth import read_token_file
 
     out: dict[str, Any] = {
+        **_limits(args),
         "tls_cert": Path(args.tls_cert) if args.tls_cert else None,
         "tls_key": Path(args.tls_key) if args.tls_key else None,
         "tls_client_ca": Path(args.tls_client_ca) if args.tls_client_ca else None,
@@ -390,6 +391,32 @@ def cmd_router(args: argparse.Namespace) -> int:
 
 def _flag_error(flag: str, reason: str) -> PipelineError:
     return PipelineError([Issue(flag, reason)], "flags")
+
+
+# Front-door limits (docs/operations.md "Front-door limits"): flag -> ServerSettings field.
+_LIMIT_FLAGS: dict[str, tuple[type, str]] = {
+    "max_json_body_bytes": (int, "largest all-JSON request body (4 MiB); binary: 64 MiB"),
+    "max_buffered_body_bytes": (int, "request bodies held at once; more: 503 (512 MiB)"),
+    "header_timeout_s": (float, "close a connection without complete headers after this (10)"),
+    "body_timeout_s": (float, "answer 408 to a body not complete this long after headers (60)"),
+    "keepalive_timeout_s": (float, "close an idle keep-alive HTTP connection after this (5)"),
+    "max_connections": (int, "open HTTP connections; more are answered 503 (2048)"),
+    "grpc_max_connections": (int, "open gRPC connections (2048)"),
+    "grpc_max_concurrent_rpcs": (int, "gRPC calls at once; more: RESOURCE_EXHAUSTED (8192)"),
+    "grpc_max_concurrent_streams": (int, "gRPC calls at once per connection (4096)"),
+    "grpc_idle_s": (float, "close a gRPC connection without calls after this (300)"),
+    "grpc_max_age_s": (float, "close gRPC connections this old, gracefully (off)"),
+}
+
+
+def _add_limit_flags(p: argparse.ArgumentParser) -> None:
+    for name, (kind, help) in _LIMIT_FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=kind, help=help)
+
+
+def _limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The front-door limits given on the command line (the rest keep their defaults)."""
+    return {name: getattr(args, name) for name in _LIMIT_FLAGS if getattr(args, name) is not None}
 
 
 def _catalog(args: argparse.Namespace) -> HardwareCatalog:
@@ -825,6 +852,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("--hardware", action="append", default=[], metavar="STAGE=CLASS")
     p.add_argument("--queue-capacity", type=int, default=1024, help="items per stage queue")
     p.add_argument("--log-dir", help="worker logs (default: a new temp dir)")
+    _add_limit_flags(p)
     p.add_argument(
         "--status-interval", type=float, default=2.0, help="seconds between status lines; 0 = quiet"
     )
@@ -914,6 +942,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument(
         "--drain-s", type=float, default=5.0, help="on SIGTERM, wait this long for requests"
     )
+    _add_limit_flags(p)
     p.set_defaults(func=cmd_router)
 
     p = sub.add_parser("profile", help="measure each stage on each hardware class (cached)")

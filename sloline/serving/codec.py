@@ -54,6 +54,7 @@ SERVER_EXTENSIONS: Final = ("binary_tensor_data", "parameters")
 _SUPPORTED: Final = ", ".join(DTYPES)
 _INT_KINDS: Final = frozenset("iu")
 _NUMBER_KINDS: Final = frozenset("iuf")
+_FLOATS: Final = frozenset(("FP16", "FP32", "FP64"))
 # orjson serialises these numpy dtypes natively; FP16 is widened to FP32 (exact) first.
 _JSON_WIDEN: Final = {np.dtype(np.float16): np.dtype(np.float32)}
 
@@ -135,6 +136,20 @@ def _from_raw(
             f"{list(shape)} needs {expected}"
         )
     return Tensor(datatype, shape, data)
+
+
+def check_finite(where: str, tensor: Tensor) -> None:
+    """Refuse NaN and infinities in a float tensor (400 naming it). JSON cannot carry them,
+    so both doors refuse them alike; a model that needs "missing" values takes a mask."""
+    if tensor.datatype in _FLOATS and tensor.data:
+        array = np.frombuffer(tensor.data, dtype=DTYPES[tensor.datatype])
+        finite = np.isfinite(array)
+        if not finite.all():
+            index = int(np.argmin(finite))
+            raise InvalidInput(
+                f"{where} has a non-finite value ({float(array[index])} at flat index {index}); "
+                f"{tensor.datatype} inputs must be finite (no NaN or infinity)"
+            )
 
 
 def _walk(data: object) -> Iterator[object]:
@@ -344,7 +359,9 @@ def decode_rest_request(
             raise InvalidInput(f"inputs[{i}] needs a non-empty string 'name'")
         if name in inputs:
             raise InvalidInput(f"input {name!r} is given more than once")
-        inputs[name] = _input_from_json(f"input {name!r}", spec, binary)
+        where = f"input {name!r}"
+        inputs[name] = tensor = _input_from_json(where, spec, binary)
+        check_finite(where, tensor)
     binary.check_consumed()
     outputs, binary_outputs = _requested_outputs(doc.get("outputs"), parameters)
     return InferRequest(model_name, inputs, request_id, parameters, outputs, binary_outputs)
@@ -608,9 +625,10 @@ def request_from_proto(message: pb.ModelInferRequest) -> InferRequest:
         if raw:
             if spec.HasField("contents"):
                 raise InvalidInput(f"{where} has both contents and raw_input_contents")
-            inputs[name] = _from_raw(where, datatype, shape, raw[i])
+            inputs[name] = tensor = _from_raw(where, datatype, shape, raw[i])
         else:
-            inputs[name] = _from_contents(where, datatype, shape, spec.contents)
+            inputs[name] = tensor = _from_contents(where, datatype, shape, spec.contents)
+        check_finite(where, tensor)
     parameters = {k: _param_value(v) for k, v in message.parameters.items()}
     outputs = tuple(o.name for o in message.outputs) if message.outputs else None
     return InferRequest(message.model_name, inputs, message.id, parameters, outputs)

@@ -7,8 +7,11 @@ writes bytes. Routes are `/v2/health/{live,ready}`, `/v2`, `/v2/models/{name}[/v
 
 Errors: every `InferenceError` becomes its HTTP status with `{"error": "<message>"}` (503
 adds `Retry-After`); anything unexpected is logged and answered with 500, and the server
-keeps serving. A body larger than `max_body_bytes` is refused with 413 from its
-Content-Length before it is read, and while streaming when it has none.
+keeps serving. A body larger than its limit is refused with 413 from its Content-Length
+before it is read (and while streaming when it has none): `max_json_body_bytes` for a JSON
+body, `max_body_bytes` with the binary tensor extension (whose JSON header must still fit
+`max_json_body_bytes`). The rest of a refused body is discarded as it arrives (clients
+that send the whole body before reading get their 413), for at most the body timeout.
 
 Plain Starlette rather than FastAPI: there is no request model to validate (the codec
 does that faster than pydantic) and no dependency injection to resolve. Routing one POST
@@ -47,12 +50,18 @@ from sloline.serving.types import (
     InferenceError,
     InvalidInput,
     ModelNotFound,
+    Overloaded,
     PayloadTooLarge,
 )
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# A JSON body costs ~15x its size in Python objects while it is decoded, and blocks the
+# event loop meanwhile (docs/operations.md, "Front-door limits"): big tensors go binary.
+DEFAULT_MAX_JSON_BODY_BYTES = 4 * 1024 * 1024
+# All request bodies held at once (read or announced, until answered): 8 maximal binary ones.
+DEFAULT_MAX_BUFFERED_BODY_BYTES = 512 * 1024 * 1024
 JSON = "application/json"
 _INFER_PATH: Final = re.compile(
     r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"
@@ -112,18 +121,23 @@ class _Disconnected(Exception):
     """The client went away before its body arrived: nobody to answer."""
 
 
-async def _read_body(receive: Receive, declared: bytes | None, max_body_bytes: int) -> list[bytes]:
-    """The body as the chunks uvicorn received (the codec copies tensors out of them)."""
+async def _read_body(
+    receive: Receive,
+    declared: bytes | None,
+    limit: _BodyLimit,
+    budget: _BodyBudget,
+    reserved: list[int],
+) -> list[bytes]:
+    """The body as the chunks uvicorn received (the codec copies tensors out of them),
+    its bytes held in `budget` (`reserved` says how many, for the caller to give back)."""
     if declared is not None:
         if not declared.isdigit():
             raise InvalidInput(
                 f"Content-Length header {declared.decode('latin-1')!r} is not a byte count"
             )
-        if int(declared) > max_body_bytes:
-            raise PayloadTooLarge(
-                f"request body is {int(declared)} bytes, over the {max_body_bytes}-byte "
-                "limit; send a smaller batch or raise the server's max_body_bytes"
-            )
+        if int(declared) > limit.bytes:
+            raise limit.exceeded(f"is {int(declared)} bytes, over")
+        budget.reserve(int(declared), reserved)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -133,14 +147,61 @@ async def _read_body(receive: Receive, declared: bytes | None, max_body_bytes: i
         chunk = message.get("body", b"")
         if chunk:
             size += len(chunk)
-            if size > max_body_bytes:
-                raise PayloadTooLarge(
-                    f"request body exceeds the {max_body_bytes}-byte limit; send a smaller "
-                    "batch or raise the server's max_body_bytes"
-                )
+            if size > limit.bytes:
+                raise limit.exceeded("exceeds")
+            if size > reserved[0]:  # chunked: no Content-Length was reserved
+                budget.reserve(size - reserved[0], reserved)
             chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks
+
+
+class _BodyLimit:
+    """The largest body a request may send: `max_json_body_bytes` when it is all JSON,
+    `max_body_bytes` with the binary tensor extension (its JSON header is checked apart)."""
+
+    __slots__ = ("bytes", "json", "max_body_bytes")
+
+    def __init__(self, limit: int, *, json: bool, max_body_bytes: int) -> None:
+        self.bytes = limit
+        self.json = json
+        self.max_body_bytes = max_body_bytes
+
+    def exceeded(self, how: str) -> PayloadTooLarge:
+        if not self.json:
+            return PayloadTooLarge(
+                f"request body {how} the {self.bytes}-byte limit; send a smaller batch or "
+                "raise the server's max_body_bytes"
+            )
+        return PayloadTooLarge(
+            f"JSON request body {how} the {self.bytes}-byte limit for JSON; send the "
+            f"tensors raw with the binary tensor extension ({codec.HEADER_LENGTH} header, "
+            f"bodies up to {self.max_body_bytes} bytes) or raise the server's "
+            "max_json_body_bytes"
+        )
+
+
+class _BodyBudget:
+    """Bytes of request bodies held by the REST door at once (read, or promised by their
+    Content-Length, until the plane has answered): beyond it a request is 503 before its
+    body is read, so many large bodies at once cannot exhaust the router's memory."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def reserve(self, size: int, reserved: list[int]) -> None:
+        """Hold `size` more bytes for one request (`reserved` counts its total)."""
+        if self.held + size > self.limit:
+            raise Overloaded(
+                f"request bodies being served hold {self.held} bytes; {size} more would pass "
+                f"the {self.limit}-byte limit (max_buffered_body_bytes); retry later",
+                retry_after_s=1.0,
+            )
+        self.held += size
+        reserved[0] += size
 
 
 def _check_version(plane: DataPlane, name: str, version: str) -> None:
@@ -153,6 +214,8 @@ def create_http_app(
     plane: DataPlane,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_json_body_bytes: int = DEFAULT_MAX_JSON_BODY_BYTES,
+    max_buffered_body_bytes: int = DEFAULT_MAX_BUFFERED_BODY_BYTES,
     metrics_app: ASGIApp | None = None,
 ) -> ASGIApp:
     """The OIP v2 REST app over `plane`, for uvicorn on a socket from `bind_socket`.
@@ -188,7 +251,9 @@ def create_http_app(
         ok = plane.model_ready(name)
         return _json({"name": name, "ready": ok}, 200 if ok else 503)
 
-    infer = _InferEndpoint(plane, max_body_bytes)
+    infer = _InferEndpoint(
+        plane, max_body_bytes, max_json_body_bytes, _BodyBudget(max_buffered_body_bytes)
+    )
     model = "/v2/models/{name}"
     versioned = "/v2/models/{name}/versions/{version}"
     routes = [
@@ -262,16 +327,23 @@ class _InferEndpoint:
     anything unexpected is logged and answered 500.
     """
 
-    def __init__(self, plane: DataPlane, max_body_bytes: int) -> None:
+    def __init__(
+        self, plane: DataPlane, max_body_bytes: int, max_json_body_bytes: int, budget: _BodyBudget
+    ) -> None:
         self._plane = plane
-        self._max_body_bytes = max_body_bytes
+        self._budget = budget
+        self._binary_limit = _BodyLimit(max_body_bytes, json=False, max_body_bytes=max_body_bytes)
+        self._json_limit = _BodyLimit(
+            min(max_json_body_bytes, max_body_bytes), json=True, max_body_bytes=max_body_bytes
+        )
         # Names the plane has answered metadata for: a router serves one fixed name, so
         # the check costs a set lookup after the first request instead of a metadata build.
         self._known: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        reserved = [0]  # body bytes this request holds in the budget until it is answered
         try:
-            encoded = await self._answer(scope, receive)
+            encoded = await self._answer(scope, receive, reserved)
         except _Disconnected:
             return
         except InferenceError as exc:
@@ -282,6 +354,10 @@ class _InferEndpoint:
             message = f"internal server error: {type(exc).__name__}: {exc}"
             await _json({"error": message}, 500)(scope, receive, send)
             return
+        finally:
+            # Answered: the body is not needed any more (a router's answers are views of
+            # its workers' messages, not of the request), whatever the client reads.
+            self._budget.held -= reserved[0]
         size = b"%d" % encoded.size
         if encoded.header_length is None:
             headers = [(b"content-length", size), (b"content-type", JSON.encode())]
@@ -297,7 +373,7 @@ class _InferEndpoint:
         for i, part in enumerate(encoded.parts):
             await send({"type": "http.response.body", "body": part, "more_body": i < last})
 
-    async def _answer(self, scope: Scope, receive: Receive) -> codec.RestBody:
+    async def _answer(self, scope: Scope, receive: Receive, reserved: list[int]) -> codec.RestBody:
         name, version = scope["path_params"]["name"], scope["path_params"].get("version", "")
         # The name first: a request to a model that is not here is a 404 whatever its body
         # holds, and its body is not worth reading.
@@ -310,8 +386,18 @@ class _InferEndpoint:
             raise InvalidInput(
                 f"Content-Encoding {encoding.decode('latin-1')!r} is not supported; send it plain"
             )
-        body = await _read_body(receive, headers.get(b"content-length"), self._max_body_bytes)
         header_length = headers.get(_HEADER_LENGTH)
+        limit = self._json_limit if header_length is None else self._binary_limit
+        json_limit = self._json_limit.bytes
+        if header_length and header_length.isdigit() and int(header_length) > json_limit:
+            raise PayloadTooLarge(
+                f"{codec.HEADER_LENGTH} is {int(header_length)} bytes, over the {json_limit}-byte "
+                "limit for JSON; send large tensors raw after the JSON header or raise the "
+                "server's max_json_body_bytes"
+            )
+        body = await _read_body(
+            receive, headers.get(b"content-length"), limit, self._budget, reserved
+        )
         request = codec.decode_rest_request(
             name, body, None if header_length is None else header_length.decode("latin-1")
         )

@@ -26,6 +26,7 @@ from itertools import count
 from typing import Any
 
 import grpc
+import numpy as np
 from prometheus_client import CollectorRegistry
 
 from sloline.serving import wire
@@ -50,6 +51,8 @@ from sloline.serving.types import (
 from sloline.spec import PipelineGraph
 
 log = logging.getLogger(__name__)
+
+_FLOATS = frozenset(("FP16", "FP32", "FP64"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,7 +443,7 @@ class Router:
                 try:
                     ready = state.run.complete(stage, values)
                     if state.run.finished:
-                        state.future.set_result(state.run.output())
+                        state.future.set_result(self._finite(state.run.output()))
                     else:
                         self._submit(state, ready)
                 except InferenceError as exc:
@@ -455,6 +458,19 @@ class Router:
         self._perform(queue, step)
         if queue.draining(conn.id):
             conn.close()
+
+    def _finite(self, outputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        """A pipeline output with NaN or infinities is the model's failure, answered 500 on
+        both doors alike (JSON cannot carry them; a binary answer would differ)."""
+        for name, tensor in outputs.items():
+            if tensor.datatype in _FLOATS and not np.isfinite(tensor.array()).all():
+                stage = self.graph.pipeline.spec.output
+                self.metrics.stage_errors.labels(self.name, stage, "model_error").inc()
+                raise StageFailed(
+                    f"stage {stage!r} returned pipeline output {name!r} with NaN or infinite "
+                    "values; outputs must be finite"
+                )
+        return outputs
 
     async def expire_queued(self) -> None:
         """Periodically drop queued work whose deadline passed (runs for the router's life)."""

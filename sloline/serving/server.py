@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from ssl import CERT_REQUIRED
 from typing import Any
@@ -32,8 +33,24 @@ from starlette.types import ASGIApp
 from sloline.serving.auth import AuthConfigError, TokenSet
 from sloline.serving.grpc_frontdoor import add_inference_service
 from sloline.serving.guard import BearerAuth, TokenInterceptor
-from sloline.serving.http import bind_socket, create_http_app, create_metrics_app
+from sloline.serving.http import (
+    DEFAULT_MAX_BUFFERED_BODY_BYTES,
+    DEFAULT_MAX_JSON_BODY_BYTES,
+    bind_socket,
+    create_http_app,
+    create_metrics_app,
+)
+from sloline.serving.limits import (
+    GrpcLimits,
+    HttpLimits,
+    fd_budget,
+    grpc_server_options,
+    limited_http_protocol,
+    raise_fd_limit,
+)
 from sloline.serving.router import Router, add_worker_service
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
@@ -64,6 +81,19 @@ class ServerSettings:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # require client certificates signed by this CA
     auth_tokens: tuple[str, ...] = ()
+
+    # Front-door limits (sloline/serving/limits.py; docs/operations.md "Front-door limits").
+    max_json_body_bytes: int = DEFAULT_MAX_JSON_BODY_BYTES
+    max_buffered_body_bytes: int = DEFAULT_MAX_BUFFERED_BODY_BYTES  # all bodies at once
+    header_timeout_s: float = 10.0  # REST headers, and gRPC's HTTP/2 handshake
+    body_timeout_s: float = 60.0
+    keepalive_timeout_s: float = 5.0
+    max_connections: int = 2048  # REST client connections
+    grpc_max_connections: int = 2048
+    grpc_max_concurrent_rpcs: int = 8192
+    grpc_max_concurrent_streams: int = 4096  # per connection (the router sheds beyond 4096)
+    grpc_idle_s: float = 300.0
+    grpc_max_age_s: float | None = None
 
     def check(self) -> None:
         """Reject settings that cannot work, before any port is opened."""
@@ -103,6 +133,26 @@ def server_credentials(settings: ServerSettings) -> grpc.ServerCredentials:
     )
 
 
+METRICS_MAX_CONNECTIONS = 64
+
+
+def uvicorn_config(
+    app: ASGIApp, limits: HttpLimits, keepalive_timeout_s: float, **ssl: Any
+) -> uvicorn.Config:
+    """uvicorn's settings for a router's HTTP port: httptools with the front-door limits."""
+    return uvicorn.Config(
+        app,
+        http=limited_http_protocol(limits),
+        ws="none",  # no WebSocket routes: an Upgrade request is served as plain HTTP
+        timeout_keep_alive=keepalive_timeout_s,  # type: ignore[arg-type]
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+        **ssl,
+    )
+
+
 class RouterServer:
     """Owns the listening sockets and servers of one router."""
 
@@ -133,6 +183,24 @@ class RouterServer:
     async def _start(self) -> None:
         s = self.settings
         s.check()
+        http_max, grpc_max = fd_budget(s.max_connections, s.grpc_max_connections, raise_fd_limit())
+        if (http_max, grpc_max) != (s.max_connections, s.grpc_max_connections):
+            log.warning(
+                "the open-files limit fits %d HTTP and %d gRPC connections, not %d and %d",
+                http_max,
+                grpc_max,
+                s.max_connections,
+                s.grpc_max_connections,
+            )
+        http_limits = HttpLimits(s.header_timeout_s, s.body_timeout_s, http_max)
+        limits = GrpcLimits(
+            max_connections=grpc_max,
+            handshake_timeout_s=s.header_timeout_s,
+            max_concurrent_streams=s.grpc_max_concurrent_streams,
+            max_concurrent_rpcs=s.grpc_max_concurrent_rpcs,
+            idle_s=s.grpc_idle_s,
+            max_age_s=s.grpc_max_age_s,
+        )
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -149,7 +217,11 @@ class RouterServer:
         await self._workers.start()
         tokens = TokenSet(s.auth_tokens) if s.auth_tokens else None
         clients = [TokenInterceptor(tokens, "gRPC client")] if tokens else []
-        self._grpc = grpc.aio.server(options=options, interceptors=clients)
+        self._grpc = grpc.aio.server(
+            options=[*options, *grpc_server_options(limits)],
+            interceptors=clients,
+            maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
+        )
         add_inference_service(self._grpc, self.router)
         address = f"{s.host}:{s.grpc_port}"
         if s.tls:
@@ -160,17 +232,26 @@ class RouterServer:
             raise OSError(f"cannot listen for gRPC on {s.host}:{s.grpc_port} (port in use?)")
         await self._grpc.start()
         metrics = make_asgi_app(self.registry)
-        app = create_http_app(self.router, max_body_bytes=s.max_body_bytes, metrics_app=metrics)
+        app = create_http_app(
+            self.router,
+            max_body_bytes=s.max_body_bytes,
+            max_json_body_bytes=s.max_json_body_bytes,
+            max_buffered_body_bytes=s.max_buffered_body_bytes,
+            metrics_app=metrics,
+        )
         if tokens is not None:
             app = BearerAuth(app, tokens)
-        self.http_port = await self._serve_http(app, s.http_port, "HTTP", tls=s.tls)
+        self.http_port = await self._serve_http(app, s.http_port, "HTTP", http_limits, tls=s.tls)
         if s.metrics_port is not None:
+            scrape = replace(http_limits, max_connections=METRICS_MAX_CONNECTIONS)
             self.metrics_port = await self._serve_http(
-                create_metrics_app(metrics, self.router), s.metrics_port, "metrics"
+                create_metrics_app(metrics, self.router), s.metrics_port, "metrics", scrape
             )
         self._expiry = asyncio.create_task(self.router.expire_queued())
 
-    async def _serve_http(self, app: ASGIApp, port: int, what: str, *, tls: bool = False) -> int:
+    async def _serve_http(
+        self, app: ASGIApp, port: int, what: str, limits: HttpLimits, *, tls: bool = False
+    ) -> int:
         """Start uvicorn for `app` on `port`; return the bound port once it serves."""
         s = self.settings
         host = s.host
@@ -187,14 +268,7 @@ class RouterServer:
             sock = bind_socket(host, port)
         except OSError as exc:
             raise OSError(f"cannot listen for {what} on {host}:{port}: {exc}") from None
-        config = uvicorn.Config(
-            app,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=2,
-            **ssl,
-        )
+        config = uvicorn_config(app, limits, s.keepalive_timeout_s, **ssl)
         try:
             config.load()  # reads the certificate now: a bad one is an error, not a dead port
         except Exception as exc:  # ssl.SSLError, OSError: the files are not a key pair

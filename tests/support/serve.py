@@ -24,6 +24,7 @@ from sloline.tuner.replan import ReplanSettings
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 NOOP = ROOT / "tests" / "support" / "pipelines" / "noop" / "pipeline.yaml"
+RECIPROCAL = ROOT / "tests" / "support" / "pipelines" / "noop" / "reciprocal.yaml"
 SLEEPY = ROOT / "tests" / "support" / "pipelines" / "sleepy" / "pipeline.yaml"
 BATCHY = ROOT / "tests" / "support" / "pipelines" / "batchy" / "pipeline.yaml"
 T = TypeVar("T")
@@ -55,7 +56,8 @@ class BackgroundPipeline:
     ) -> None:
         self.settings = EmbeddedSettings(
             server=ServerSettings(
-                http_port=0, grpc_port=0, max_body_bytes=max_body_bytes, **(server or {})
+                **{"http_port": 0, "grpc_port": 0, "max_body_bytes": max_body_bytes}
+                | dict(server or {})
             ),
             # Tests check function, not the SLO: a loaded CI machine must not turn slow
             # answers into 504s unless a test asks for tight deadlines.

@@ -28,7 +28,8 @@ FAST = settings(max_examples=60, deadline=None)
 
 @st.composite
 def tensors(draw: st.DrawFn, *, json_safe: bool = False, typed: bool = False) -> Tensor:
-    """Any tensor; `json_safe` keeps floats finite, `typed` avoids FP16 (no typed field)."""
+    """Any tensor; `json_safe` keeps floats finite (all JSON can carry, and all a request's
+    inputs may hold), `typed` avoids FP16 (no typed field)."""
     names = [n for n in DTYPES if not (typed and n == "FP16")]
     datatype = draw(st.sampled_from(names))
     dtype = DTYPES[datatype]
@@ -69,7 +70,7 @@ def fp32_input(data: Any = None, **overrides: Any) -> dict[str, Any]:
 @given(data=st.data(), binary=st.booleans(), request_id=NAMES)
 def test_rest_request_round_trip(data: st.DataObject, binary: bool, request_id: str) -> None:
     # Binary tensors keep every bit pattern (NaN, inf); JSON numbers cannot carry those.
-    inputs = data.draw(tensor_maps(json_safe=not binary))
+    inputs = data.draw(tensor_maps(json_safe=True))
     request = InferRequest("m", inputs, request_id, {"priority": 1})
     encoded = codec.encode_rest_request(request, binary=binary)
     assert (encoded.header_length is not None) == binary
@@ -232,7 +233,10 @@ def test_bad_rest_request_names_the_problem(body: bytes, header: str | None, mes
 
 
 @FAST
-@given(inputs=tensor_maps(), outputs=st.none() | st.lists(NAMES, min_size=1, unique=True))
+@given(
+    inputs=tensor_maps(json_safe=True),
+    outputs=st.none() | st.lists(NAMES, min_size=1, unique=True),
+)
 def test_grpc_raw_request_round_trip(inputs: dict[str, Tensor], outputs: list[str] | None) -> None:
     request = InferRequest("m", inputs, "r1", {"flag": True, "n": -3, "s": "x", "f": 0.5},
                            None if outputs is None else tuple(outputs))  # fmt: skip
@@ -241,13 +245,47 @@ def test_grpc_raw_request_round_trip(inputs: dict[str, Tensor], outputs: list[st
 
 
 @FAST
-@given(inputs=tensor_maps(typed=True))
+@given(inputs=tensor_maps(typed=True, json_safe=True))
 def test_grpc_typed_contents_round_trip(inputs: dict[str, Tensor]) -> None:
     request = InferRequest("m", inputs)
     message = codec.request_to_proto(request, raw=False)
     assert not message.raw_input_contents
     wire = message.SerializeToString()
     assert codec.request_from_proto(pb.ModelInferRequest.FromString(wire)) == request
+
+
+@FAST
+@given(
+    datatype=st.sampled_from(["FP16", "FP32", "FP64"]),
+    values=st.lists(st.floats(width=16), min_size=1, max_size=6),
+    raw=st.booleans(),
+)
+def test_non_finite_inputs_are_refused_alike_by_every_decoder(
+    datatype: str, values: list[float], raw: bool
+) -> None:
+    """REST binary, gRPC raw and gRPC typed contents: one check, one message."""
+    array = np.array(values, DTYPES[datatype])
+    request = InferRequest("m", {"x": Tensor.from_array(array)})
+    finite = bool(np.isfinite(array).all())
+    encoded = codec.encode_rest_request(request, binary=True)
+
+    def rest() -> InferRequest:
+        return codec.decode_rest_request("m", encoded.body, str(encoded.header_length))
+
+    def grpc() -> InferRequest:
+        return codec.request_from_proto(codec.request_to_proto(request, raw=raw))
+
+    # FP16 has no typed contents field: it only travels raw.
+    paths = [rest] if datatype == "FP16" and not raw else [rest, grpc]
+    messages = set()
+    for decode in paths:
+        if finite:
+            assert decode() == request
+            continue
+        with pytest.raises(InvalidInput, match="input 'x' has a non-finite value") as caught:
+            decode()
+        messages.add(str(caught.value))
+    assert len(messages) == (0 if finite else 1), messages
 
 
 @FAST

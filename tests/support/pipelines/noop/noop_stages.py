@@ -19,3 +19,9 @@ def crash_on_negative(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     if (inputs["x"][:, 0] > 1e9).any():
         raise ValueError("value too large for this model")
     return dict(inputs)
+
+
+def reciprocal(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """1 / x: an infinity for a zero, so a finite input can give a non-finite output."""
+    with np.errstate(divide="ignore", over="ignore"):
+        return {"y": (1.0 / inputs["x"]).astype(np.float32)}
