@@ -11,7 +11,9 @@ time bounds only so that a missing limit fails instead of hanging.
 from __future__ import annotations
 
 import json
+import os
 import select
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -372,6 +374,16 @@ def test_grpc_connection_cap_refuses_and_recovers(capped: BackgroundPipeline) ->
             grpcclient.InferenceServerClient(capped.grpc_url).infer(
                 "reciprocal", [good], client_timeout=GIVE_UP_S
             )
+        # Clients hold every gRPC slot: a worker killed now still gets back in, on its port.
+        (pid,) = capped.p.backend.pids("invert")
+        os.kill(pid, signal.SIGKILL)
+        _until(
+            lambda: (
+                capped.p.backend.pids("invert") not in ([], [pid])
+                and capped.p.router.ready_replicas() == {"invert": 1}
+            ),
+            "a restarted worker did not reconnect while clients held every gRPC slot",
+        )
     finally:
         for sock in held:
             sock.close()
