@@ -1038,8 +1038,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from sloline.serving import process
+    from sloline.serving.logthrottle import throttle_logs
 
     process.use_grpc_iomgr()  # before anything imports grpc; workers and profiling too
+    throttle_logs()
     if args.command in ("run", "calibrate", "router", "worker"):
         from sloline.serving.memory import tune_malloc
 
