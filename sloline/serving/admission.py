@@ -1,0 +1,155 @@
+"""Deadline-aware admission (Clockwork's discipline): refuse at once what cannot finish
+in time, instead of queueing it to expire.
+
+At admission the router estimates when a request would finish from the work queued
+ahead of it at each stage on its path and each stage's measured batch time, and sheds it
+(503 + Retry-After) when that is past its budget. Pure logic, no I/O, no clock: the
+router feeds each stage's batch round trips in (`StageModel.observe`) and asks
+`Admission.estimate_s` per request.
+
+Per stage, the estimated time from joining its queue to its batch coming back:
+
+- an idle worker (the queue is then empty): one batch of one, ``s(1)``;
+- every worker busy: ``s(B) / 2`` (the mean rest of the batches in progress) plus
+  ``ceil((queued + 1) / (B * W))`` rounds of full batches ``s(B)``, where ``B`` is the
+  stage's max batch and ``W`` its connected workers;
+- no worker connected, or fewer than `MIN_SAMPLES` batches measured: 0 (unknown, so a
+  cold stage never refuses anything; the deadline still bounds the request).
+
+Stages add up along the DAG's longest path to the output stage. A conditional stage
+counts as if it runs (conservative: a request that skips it finishes earlier). A request
+is refused when its estimate is over its budget; when the idle pipeline alone is over
+the budget, when its estimate is over its deadline and the idle time (`Admission.refuse`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sloline.serving.queue import StageQueue
+from sloline.spec import PipelineGraph
+
+# A stage's model is trusted once it has seen this many batches.
+MIN_SAMPLES = 5
+# Weight of the newest batch in the moving averages (~ the last 20 batches matter).
+ALPHA = 0.05
+
+
+class StageModel:
+    """Batch round trip (dispatch to result, as the router sees it) as ``a + c * size``.
+
+    Exponentially weighted least squares over (size, seconds): four moving averages per
+    batch, the fit refreshed on each. When the sizes hardly vary (every batch full under
+    load, or all of one under light load) the fit is proportional, ``c = mean s / mean
+    size``: conservative for larger batches, which is the direction that matters.
+    """
+
+    __slots__ = ("_b", "_bb", "_bs", "_s", "fixed_s", "per_item_s", "samples")
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self._b = self._s = self._bb = self._bs = 0.0
+        self.fixed_s = 0.0
+        self.per_item_s = 0.0
+
+    def observe(self, size: int, seconds: float) -> None:
+        if size < 1 or not 0.0 <= seconds < 3600.0:  # a NaN fails the comparison too
+            return
+        self.samples += 1
+        w = 1.0 / self.samples if self.samples < 1.0 / ALPHA else ALPHA
+        b = float(size)
+        self._b += w * (b - self._b)
+        self._s += w * (seconds - self._s)
+        self._bb += w * (b * b - self._bb)
+        self._bs += w * (b * seconds - self._bs)
+        var = self._bb - self._b * self._b
+        if var > 0.25:
+            c = (self._bs - self._b * self._s) / var
+            a = self._s - c * self._b
+            if c >= 0.0 and a >= 0.0:
+                self.fixed_s, self.per_item_s = a, c
+                return
+        self.fixed_s, self.per_item_s = 0.0, self._s / self._b
+
+    def seconds(self, size: int) -> float:
+        return self.fixed_s + self.per_item_s * size
+
+
+class Admission:
+    """Estimated time for a new request to pass through the pipeline, right now."""
+
+    __slots__ = ("_finish", "_path", "models")
+
+    def __init__(self, graph: PipelineGraph, queues: Mapping[str, StageQueue]) -> None:
+        self.models = {name: StageModel() for name in graph.stages}
+        # The output stage's ancestors (and itself) in topological order, each with the
+        # positions of its parents in that order: the longest path is one pass.
+        output = graph.pipeline.spec.output
+        needed: set[str] = set()
+        todo = [output]
+        while todo:
+            name = todo.pop()
+            if name not in needed:
+                needed.add(name)
+                todo.extend(graph.stages[name].deps)
+        order = [n for n in graph.order if n in needed]
+        index = {n: i for i, n in enumerate(order)}
+        self._path: tuple[tuple[StageQueue, StageModel, tuple[int, ...]], ...] = tuple(
+            (
+                queues[n],
+                self.models[n],
+                tuple(index[d] for d in graph.stages[n].deps),
+            )
+            for n in order
+        )
+        self._finish = [0.0] * len(order)
+
+    def estimate_s(self) -> float:
+        """Seconds from now until a request admitted now would leave the output stage."""
+        finish = self._finish
+        for i, (queue, model, parents) in enumerate(self._path):
+            start = 0.0
+            for p in parents:
+                start = max(start, finish[p])
+            finish[i] = start + stage_wait_s(queue, model)
+        return finish[-1]
+
+    def idle_s(self) -> float:
+        """The same with every stage idle: one batch of one per stage, nothing queued."""
+        finish = self._finish
+        for i, (queue, model, parents) in enumerate(self._path):
+            start = 0.0
+            for p in parents:
+                start = max(start, finish[p])
+            known = queue.workers and model.samples >= MIN_SAMPLES
+            finish[i] = start + (model.seconds(1) if known else 0.0)
+        return finish[-1]
+
+    def refuse(self, budget_s: float, deadline_s: float) -> float | None:
+        """The estimate when a request must be refused, else None: over `budget_s`.
+
+        When even the idle pipeline takes longer than the budget (a plan too slow for
+        the SLO, huge inputs), the request will be late whatever happens, and the limit
+        becomes its deadline (or the idle time, if longer): an idle router always
+        admits, and its model keeps learning from the batches it serves.
+        """
+        estimate_s = self.estimate_s()
+        if estimate_s <= budget_s:
+            return None
+        idle_s = self.idle_s()
+        if idle_s > budget_s and estimate_s <= max(idle_s, deadline_s):
+            return None
+        return estimate_s
+
+
+def stage_wait_s(queue: StageQueue, model: StageModel) -> float:
+    """See the module docstring: one stage's queueing plus its own batch."""
+    workers = queue.workers
+    if workers == 0 or model.samples < MIN_SAMPLES:
+        return 0.0
+    if queue.busy_workers < workers:
+        return model.seconds(1)
+    size = queue.max_batch
+    full = model.seconds(size)
+    rounds = -(-(len(queue) + 1) // (size * workers))
+    return full * (rounds + 0.5)
