@@ -121,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     catalog = _catalog(args)
     settings = EmbeddedSettings(
         server=ServerSettings(host=args.host, http_port=args.port, grpc_port=args.grpc_port),
-        router=RouterSettings(queue_capacity=args.queue_capacity),
+        router=RouterSettings(queue_capacity=args.queue_capacity, admission=not args.no_admission),
         catalog=catalog,
         replicas=_assignments(args.replicas, "--replicas"),  # type: ignore[arg-type]
         max_batch=_assignments(args.max_batch, "--max-batch"),  # type: ignore[arg-type]
@@ -307,7 +307,7 @@ def cmd_router(args: argparse.Namespace) -> int:
             grpc_port=args.grpc_port,
             metrics_port=args.metrics_port,
         ),
-        router=RouterSettings(queue_capacity=args.queue_capacity),
+        router=RouterSettings(queue_capacity=args.queue_capacity, admission=not args.no_admission),
         drain_s=args.drain_s,
     )
 
@@ -764,6 +764,11 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("--max-batch", action="append", default=[], metavar="STAGE=B")
     p.add_argument("--hardware", action="append", default=[], metavar="STAGE=CLASS")
     p.add_argument("--queue-capacity", type=int, default=1024, help="items per stage queue")
+    p.add_argument(
+        "--no-admission",
+        action="store_true",
+        help="queue requests that cannot finish in time instead of refusing them (503)",
+    )
     p.add_argument("--log-dir", help="worker logs (default: a new temp dir)")
     p.add_argument(
         "--status-interval", type=float, default=2.0, help="seconds between status lines; 0 = quiet"
@@ -836,6 +841,11 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     )
     p.add_argument("--metrics-port", type=int, default=8002, help="/metrics port (8002)")
     p.add_argument("--queue-capacity", type=int, default=1024, help="items per stage queue")
+    p.add_argument(
+        "--no-admission",
+        action="store_true",
+        help="queue requests that cannot finish in time instead of refusing them (503)",
+    )
     p.add_argument(
         "--drain-s", type=float, default=5.0, help="on SIGTERM, wait this long for requests"
     )

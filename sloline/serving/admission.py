@@ -7,19 +7,27 @@ ahead of it at each stage on its path and each stage's measured batch time, and 
 router feeds each stage's batch round trips in (`StageModel.observe`) and asks
 `Admission.estimate_s` per request.
 
-Per stage, the estimated time from joining its queue to its batch coming back:
+For each stage on the request's path, with ``B`` its max batch, ``W`` its connected
+workers, ``s(b)`` its batch round trip and ``n`` the items that will be ahead of the
+request there (queued at the stage, plus queued or in a batch at any stage before it on
+the path: they reach it first):
 
-- an idle worker (the queue is then empty): one batch of one, ``s(1)``;
-- every worker busy: ``s(B) / 2`` (the mean rest of the batches in progress) plus
-  ``ceil((queued + 1) / (B * W))`` rounds of full batches ``s(B)``, where ``B`` is the
-  stage's max batch and ``W`` its connected workers;
+- ``wait`` (from now until the request's batch there comes back): an idle worker and
+  nothing ahead: ``s(1)``; otherwise ``ceil((n + 1) / (B * W))`` rounds of full batches
+  ``s(B)``, plus ``s(B) / 2`` (the mean rest of the batches in progress) when every
+  worker is busy;
+- the stage finishes the request at ``max(start + own, wait)``: ``start`` is when its
+  last parent finishes it, ``own`` one batch there (a tandem queue: a request leaves a
+  stage no sooner than it arrives plus its own batch, and no sooner than the stage has
+  worked off what is ahead of it);
 - no worker connected, or fewer than `MIN_SAMPLES` batches measured: 0 (unknown, so a
   cold stage never refuses anything; the deadline still bounds the request).
 
-Stages add up along the DAG's longest path to the output stage. A conditional stage
-counts as if it runs (conservative: a request that skips it finishes earlier). A request
-is refused when its estimate is over its budget; when the idle pipeline alone is over
-the budget, when its estimate is over its deadline and the idle time (`Admission.refuse`).
+The estimate is the output stage's finish: the longest path through the DAG. A
+conditional stage counts as if it runs (conservative: a request that skips it finishes
+earlier). A request is refused when its estimate is over its budget; when the idle
+pipeline alone is over the budget, when its estimate is over its deadline and the idle
+time (`Admission.refuse`).
 """
 
 from __future__ import annotations
@@ -75,10 +83,15 @@ class StageModel:
         return self.fixed_s + self.per_item_s * size
 
 
+# Per stage on the path: its queue, its model, its parents' and its ancestors' positions
+# on the path, and whether a later stage counts its items as ahead.
+_Step = tuple[StageQueue, StageModel, tuple[int, ...], tuple[int, ...], bool]
+
+
 class Admission:
     """Estimated time for a new request to pass through the pipeline, right now."""
 
-    __slots__ = ("_finish", "_path", "models")
+    __slots__ = ("_finish", "_held", "_path", "models")
 
     def __init__(self, graph: PipelineGraph, queues: Mapping[str, StageQueue]) -> None:
         self.models = {name: StageModel() for name in graph.stages}
@@ -94,30 +107,57 @@ class Admission:
                 todo.extend(graph.stages[name].deps)
         order = [n for n in graph.order if n in needed]
         index = {n: i for i, n in enumerate(order)}
-        self._path: tuple[tuple[StageQueue, StageModel, tuple[int, ...]], ...] = tuple(
+        ancestors: dict[str, set[str]] = {}
+        for n in order:
+            deps = graph.stages[n].deps
+            ancestors[n] = set(deps).union(*(ancestors[d] for d in deps))
+        upstream = set().union(*ancestors.values())  # stages some stage waits behind
+        self._path: tuple[_Step, ...] = tuple(
             (
                 queues[n],
                 self.models[n],
                 tuple(index[d] for d in graph.stages[n].deps),
+                tuple(sorted(index[a] for a in ancestors[n])),
+                n in upstream,
             )
             for n in order
         )
         self._finish = [0.0] * len(order)
+        self._held = [0] * len(order)
 
     def estimate_s(self) -> float:
         """Seconds from now until a request admitted now would leave the output stage."""
         finish = self._finish
-        for i, (queue, model, parents) in enumerate(self._path):
+        held = self._held
+        for i, (queue, model, parents, ancestors, counted) in enumerate(self._path):
+            queued = len(queue)
+            if counted:
+                held[i] = queued + queue.in_flight()
             start = 0.0
             for p in parents:
                 start = max(start, finish[p])
-            finish[i] = start + stage_wait_s(queue, model)
+            workers = queue.workers
+            if not workers or model.samples < MIN_SAMPLES:
+                finish[i] = start
+                continue
+            ahead = queued
+            for a in ancestors:
+                ahead += held[a]
+            busy = queue.busy_workers >= workers
+            if ahead or busy:
+                size = queue.max_batch
+                own = model.fixed_s + model.per_item_s * size
+                rounds = -(-(ahead + 1) // (size * workers))
+                wait = own * (rounds + 0.5 if busy else rounds)
+            else:
+                own = wait = model.fixed_s + model.per_item_s
+            finish[i] = max(start + own, wait)
         return finish[-1]
 
     def idle_s(self) -> float:
         """The same with every stage idle: one batch of one per stage, nothing queued."""
         finish = self._finish
-        for i, (queue, model, parents) in enumerate(self._path):
+        for i, (queue, model, parents, _, _) in enumerate(self._path):
             start = 0.0
             for p in parents:
                 start = max(start, finish[p])
@@ -140,16 +180,3 @@ class Admission:
         if idle_s > budget_s and estimate_s <= max(idle_s, deadline_s):
             return None
         return estimate_s
-
-
-def stage_wait_s(queue: StageQueue, model: StageModel) -> float:
-    """See the module docstring: one stage's queueing plus its own batch."""
-    workers = queue.workers
-    if workers == 0 or model.samples < MIN_SAMPLES:
-        return 0.0
-    if queue.busy_workers < workers:
-        return model.seconds(1)
-    size = queue.max_batch
-    full = model.seconds(size)
-    rounds = -(-(len(queue) + 1) // (size * workers))
-    return full * (rounds + 0.5)

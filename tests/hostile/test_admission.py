@@ -55,6 +55,7 @@ class Clock:
 
 def make_router(clock: Clock | None = None, **settings: Any) -> Router:
     settings.setdefault("deadline_factor", 50.0)  # 5 s of real time for the loop's timers
+    settings.setdefault("admission_factor", 1.0)  # budget without timeout_ms: the SLO
     return Router(
         load_pipeline(NOOP).graph,
         max_batch={"s1": 1, "s2": 1, "s3": 1},
@@ -344,8 +345,9 @@ async def test_admission_refuses_at_once_what_cannot_finish_and_admits_what_can(
     workers = Workers(router)
     await warm_up(router, workers, clock, 0.010)
     # s1's worker is busy and its queue grows; s2 and s3 are idle. A new request's
-    # estimate: 10 ms x (queued + 1 + 0.5) at s1, plus 10 ms at s2 and at s3; the
-    # budget without timeout_ms is the 100 ms SLO, so 6 queued still fit, 7 do not.
+    # estimate: 10 ms x (queued + 1 + 0.5) at s1, then 10 ms more at s2 and at s3 (the
+    # items ahead pass them at the same pace); the budget without timeout_ms is the
+    # 100 ms SLO, so 6 queued still fit (95 ms), 7 do not (105 ms).
     admitted = [asyncio.create_task(router.infer(request())) for _ in range(8)]
     await settle()
     assert len(router.queues["s1"]) == 7 and router.inflight == 8
@@ -367,9 +369,11 @@ async def test_admission_refuses_at_once_what_cannot_finish_and_admits_what_can(
         workers.answer("s1")
     await settle()
     assert len(router.queues["s1"]) == 4
-    # 10 ms x (4 + 1 + 0.5) at s1, 10 ms x (3 + 1 + 0.5) at s2 (busy, 3 queued), 10 at s3
+    # s1 (busy, 4 queued): 10 ms x (4 + 1 + 0.5) = 55 ms. s2 (busy, 3 queued, and s1's
+    # 5 items reach it first): 10 x (8 + 1 + 0.5) = 95. s3 (idle, 9 items ahead
+    # upstream): max(95 + 10, 10 x (9 + 1)) = 105.
     assert router._admission is not None
-    assert router._admission.estimate_s() == pytest.approx(0.055 + 0.045 + 0.010)
+    assert router._admission.estimate_s() == pytest.approx(0.105)
     workers.answer_all()
     for task in [*admitted, patient]:
         assert (await task).outputs["x"].shape == (4,)
