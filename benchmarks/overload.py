@@ -144,7 +144,8 @@ def client_main() -> None:
         result: Any = {"rps": uvloop.run(coro)}
     else:
         result = uvloop.run(_client(spec))
-    sys.stdout.write(json.dumps(result))
+    # A file, not stdout: the event loop may have left stdout non-blocking.
+    Path(spec["out"]).write_text(json.dumps(result))
 
 
 # ---------------------------------------------------------------- orchestrator
@@ -152,27 +153,25 @@ def client_main() -> None:
 
 def run_clients(spec: dict[str, Any], processes: int) -> list[dict[str, Any]]:
     procs = []
-    for i in range(processes):
-        part = {
-            **spec,
-            "seed": spec.get("seed", 0) * 100 + i,
-            "rate_rps": spec["rate_rps"] / processes,
-            "connections": spec["connections"] // processes,
-        }
-        p = subprocess.Popen(
-            [sys.executable, __file__, "--client"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        assert p.stdin is not None
-        p.stdin.write(json.dumps(part).encode())
-        p.stdin.close()
-        procs.append(p)
-    out = []
-    for p in procs:
-        assert p.stdout is not None
-        out.append(json.loads(p.stdout.read()))
-        p.wait(60)
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(processes):
+            part = {
+                **spec,
+                "seed": spec.get("seed", 0) * 100 + i,
+                "rate_rps": spec["rate_rps"] / processes,
+                "connections": spec["connections"] // processes,
+                "out": str(Path(tmp) / f"client-{i}.json"),
+            }
+            p = subprocess.Popen([sys.executable, __file__, "--client"], stdin=subprocess.PIPE)
+            assert p.stdin is not None
+            p.stdin.write(json.dumps(part).encode())
+            p.stdin.close()
+            procs.append((p, Path(part["out"])))
+        out = []
+        for p, path in procs:
+            if p.wait(spec.get("duration_s", 10) + 120) != 0:
+                raise RuntimeError(f"client pid {p.pid} failed (code {p.returncode})")
+            out.append(json.loads(path.read_text()))
     return out
 
 

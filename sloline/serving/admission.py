@@ -25,13 +25,15 @@ the path: they reach it first):
 
 The estimate is the output stage's finish: the longest path through the DAG. A
 conditional stage counts as if it runs (conservative: a request that skips it finishes
-earlier). A request is refused when its estimate is over its budget; when the idle
-pipeline alone is over the budget, when its estimate is over its deadline and the idle
-time (`Admission.refuse`).
+earlier). A request is refused when its estimate plus a learned margin (the SLO
+percentile of how much longer admitted requests took than estimated, `ErrorQuantile`)
+is over its budget; when the idle pipeline alone is over the budget, when that is over
+its deadline and the idle time (`Admission.refuse`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from sloline.serving.queue import StageQueue
@@ -91,10 +93,15 @@ _Step = tuple[StageQueue, StageModel, tuple[int, ...], tuple[int, ...], bool]
 class Admission:
     """Estimated time for a new request to pass through the pipeline, right now."""
 
-    __slots__ = ("_finish", "_held", "_path", "models")
+    __slots__ = ("_finish", "_held", "_path", "error", "last_s", "models")
 
     def __init__(self, graph: PipelineGraph, queues: Mapping[str, StageQueue]) -> None:
         self.models = {name: StageModel() for name in graph.stages}
+        slo = graph.pipeline.spec.slo
+        slo_s = slo.latency_ms / 1000.0
+        quantile = min(slo.percentile / 100.0, 0.999)
+        self.error = ErrorQuantile(quantile, step_s=slo_s / 100.0, cap_s=slo_s / 2)
+        self.last_s = math.nan  # the last estimate; NaN while a stage is cold
         # The output stage's ancestors (and itself) in topological order, each with the
         # positions of its parents in that order: the longest path is one pass.
         output = graph.pipeline.spec.output
@@ -129,6 +136,7 @@ class Admission:
         """Seconds from now until a request admitted now would leave the output stage."""
         finish = self._finish
         held = self._held
+        cold = False
         for i, (queue, model, parents, ancestors, counted) in enumerate(self._path):
             queued = len(queue)
             if counted:
@@ -139,6 +147,7 @@ class Admission:
             workers = queue.workers
             if not workers or model.samples < MIN_SAMPLES:
                 finish[i] = start
+                cold = True
                 continue
             ahead = queued
             for a in ancestors:
@@ -152,6 +161,7 @@ class Admission:
             else:
                 own = wait = model.fixed_s + model.per_item_s
             finish[i] = max(start + own, wait)
+        self.last_s = math.nan if cold else finish[-1]
         return finish[-1]
 
     def idle_s(self) -> float:
@@ -166,17 +176,48 @@ class Admission:
         return finish[-1]
 
     def refuse(self, budget_s: float, deadline_s: float) -> float | None:
-        """The estimate when a request must be refused, else None: over `budget_s`.
+        """The estimate plus margin when a request must be refused, else None.
 
-        When even the idle pipeline takes longer than the budget (a plan too slow for
-        the SLO, huge inputs), the request will be late whatever happens, and the limit
-        becomes its deadline (or the idle time, if longer): an idle router always
-        admits, and its model keeps learning from the batches it serves.
+        Refused when the estimate plus the learned margin (`ErrorQuantile`) is over
+        `budget_s`. When even the idle pipeline takes longer than the budget (a plan
+        too slow for the SLO, huge inputs), the request will be late whatever happens,
+        and the limit becomes its deadline (or the idle time, if longer): an idle
+        router always admits, and its model keeps learning from the batches it serves.
+        The estimate is left in `last_s` (NaN while a stage on the path is cold).
         """
-        estimate_s = self.estimate_s()
-        if estimate_s <= budget_s:
+        margin_s = self.error.margin_s
+        need_s = self.estimate_s() + margin_s
+        if need_s <= budget_s:
             return None
-        idle_s = self.idle_s()
-        if idle_s > budget_s and estimate_s <= max(idle_s, deadline_s):
+        idle_s = self.idle_s() + margin_s
+        if idle_s > budget_s and need_s <= max(idle_s, deadline_s):
             return None
-        return estimate_s
+        return need_s
+
+
+class ErrorQuantile:
+    """A streaming quantile of how much longer admitted requests took than estimated.
+
+    The estimate is a typical finish, not a tail: under overload the queue settles where
+    estimates meet the budget, and the spread around them (batch timing, hops, the
+    event loop) would put a good part of the answers over the SLO. Admission adds this
+    margin, the `quantile` (the SLO's percentile) of (latency - estimate) over recent
+    answers, so that share of admitted requests finishes within the budget. Stochastic
+    approximation: each observation moves the margin up by ``step * q`` when above it,
+    down by ``step * (1 - q)`` otherwise; it settles where a share ``1 - q`` is above.
+    Bounded to [0, `cap_s`] so no burst of surprises can refuse everything for long.
+    """
+
+    __slots__ = ("cap_s", "margin_s", "quantile", "step_s")
+
+    def __init__(self, quantile: float, step_s: float, cap_s: float) -> None:
+        self.quantile = quantile
+        self.step_s = step_s
+        self.cap_s = cap_s
+        self.margin_s = 0.0
+
+    def observe(self, error_s: float) -> None:
+        if error_s > self.margin_s:
+            self.margin_s = min(self.cap_s, self.margin_s + self.step_s * self.quantile)
+        else:
+            self.margin_s = max(0.0, self.margin_s - self.step_s * (1.0 - self.quantile))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -82,6 +83,7 @@ class _Request:
     future: asyncio.Future[dict[str, Tensor]]
     arrival: float
     deadline: float
+    estimate: float = math.nan  # admission's estimate of its latency (NaN: none)
     items: list[WorkItem] = field(default_factory=list)
 
     def fail(self, error: InferenceError) -> None:
@@ -276,6 +278,8 @@ class Router:
         try:
             loop = asyncio.get_running_loop()
             state = _Request(DagRun(self._dag, inputs), loop.create_future(), now, now + timeout_s)
+            if self._admission is not None:
+                state.estimate = self._admission.last_s
             timer = loop.call_later(timeout_s, self._expire_request, state)
             self._submit(state, state.run.start())
             outputs = await state.future
@@ -298,6 +302,8 @@ class Router:
         latency_s = end - state.arrival
         self.metrics.answered(200, latency_s, self.slo_s)
         self.stats.latency.add(end, latency_s)
+        if state.estimate == state.estimate:  # not NaN: admission estimated it
+            self._admission.error.observe(latency_s - state.estimate)  # type: ignore[union-attr]
         return InferResponse(
             self.name, self._shape_outputs(outputs, request, batched), id=request.id
         )

@@ -25,7 +25,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sloline.serving import codec, wire
-from sloline.serving.admission import MIN_SAMPLES, Admission, StageModel
+from sloline.serving.admission import MIN_SAMPLES, Admission, ErrorQuantile, StageModel
 from sloline.serving.dag import DagRun
 from sloline.serving.proto import grpc_service_pb2_grpc as grpc_pb
 from sloline.serving.proto import worker_pb2 as pb
@@ -326,6 +326,53 @@ def test_stage_model_fits_fixed_plus_per_item_and_ignores_garbage() -> None:
         flat.observe(4, 0.020)
     assert flat.seconds(4) == pytest.approx(0.020)
     assert flat.seconds(8) == pytest.approx(0.040)  # proportional beyond what it saw
+
+
+def test_error_margin_settles_at_the_quantile_and_stays_bounded() -> None:
+    errors = np.random.default_rng(0).exponential(0.010, 20000)  # p99 = 46 ms
+    margin = ErrorQuantile(0.99, step_s=0.001, cap_s=0.05)
+    for error in errors:
+        margin.observe(float(error))
+    assert margin.margin_s == pytest.approx(0.046, abs=0.008)
+    for _ in range(1000):
+        margin.observe(10.0)
+    assert margin.margin_s == 0.05
+    for _ in range(100_000):
+        margin.observe(-1.0)
+    assert margin.margin_s == 0.0
+
+
+async def test_admission_learns_the_margin_its_estimates_miss_by() -> None:
+    clock = Clock()
+    router = make_router(clock)
+    workers = Workers(router)
+    await warm_up(router, workers, clock, 0.010)
+    assert router._admission is not None
+    error = router._admission.error
+    assert error.margin_s == 0.0
+    task = asyncio.create_task(router.infer(request()))  # estimated 30 ms, takes 50
+    await settle()
+    clock.now += 0.030
+    workers.answer("s1")
+    for stage in ("s2", "s3"):
+        clock.now += 0.010
+        workers.answer(stage)
+    await task
+    assert error.margin_s == pytest.approx(error.step_s * 0.99)
+    # The margin counts against the budget: 4 queued at s1 (85 ms estimated) fit the
+    # 100 ms budget with no margin, not with 20 ms.
+    error.margin_s = 0.020
+    admitted = [asyncio.create_task(router.infer(request())) for _ in range(5)]
+    await settle()
+    assert len(router.queues["s1"]) == 4
+    with pytest.raises(Overloaded):
+        await router.infer(request())
+    error.margin_s = 0.0
+    extra = asyncio.create_task(router.infer(request()))
+    await settle()
+    assert not extra.done()
+    workers.answer_all()
+    await asyncio.gather(*admitted, extra)
 
 
 async def warm_up(router: Router, workers: Workers, clock: Clock, stage_s: float) -> None:
