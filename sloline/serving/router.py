@@ -63,7 +63,9 @@ class RouterSettings:
     max_attempts: int = 2  # dispatches per item: a dead worker's batch is retried once
     retry_after_s: float = 0.1  # hint sent with 503s
     expiry_interval_s: float = 0.01  # how often queued work is checked for deadlines
-    max_timeout_factor: float = 60.0  # timeout_ms may be at most factor x SLO latency
+    # timeout_ms may be at most the larger of factor x SLO latency and max_timeout_s
+    max_timeout_factor: float = 60.0
+    max_timeout_s: float = 60.0
     # Deadline-aware admission (`admission.py`): refuse at once (503) a request whose
     # estimated finish is past its budget: its timeout_ms when given, else
     # admission_factor x SLO (not the default deadline: admitting work that can only
@@ -207,7 +209,7 @@ class Router:
         s = self.settings
         self._default_timeout_s = s.deadline_factor * self.slo_s
         self._default_budget_s = min(self._default_timeout_s, s.admission_factor * self.slo_s)
-        self._max_timeout_ms = s.max_timeout_factor * self.slo_s * 1000.0
+        self._max_timeout_ms = max(s.max_timeout_factor * self.slo_s, s.max_timeout_s) * 1000.0
         longest_s = max(self._max_timeout_ms / 1000.0, self._default_timeout_s)
         self.unready_after_s = longest_s + 5.0 if s.unready_after_s is None else s.unready_after_s
         self.unlive_after_s = (
@@ -381,7 +383,8 @@ class Router:
 
     def _timeout(self, parameters: Mapping[str, Any]) -> float:
         """The request's deadline in seconds: `timeout_ms`, a finite number of
-        milliseconds in (0, max_timeout_factor x SLO], else the default."""
+        milliseconds in (0, max(max_timeout_factor x SLO, max_timeout_s)], else the
+        default."""
         value = parameters.get("timeout_ms")
         if value is None:
             return self._default_timeout_s
@@ -394,8 +397,9 @@ class Router:
         if not 0 < value <= self._max_timeout_ms:
             raise InvalidInput(
                 f"parameter timeout_ms must be above 0 and at most {self._max_timeout_ms:g} "
-                f"({self.settings.max_timeout_factor:g} x the pipeline's "
-                f"{self.slo_s * 1000:g} ms SLO), got {value!r}"
+                f"(the larger of {self.settings.max_timeout_factor:g} x the pipeline's "
+                f"{self.slo_s * 1000:g} ms SLO and {self.settings.max_timeout_s:g} s), "
+                f"got {value!r}"
             )
         return float(value) / 1000.0
 
