@@ -65,16 +65,16 @@ class RouterSettings:
     expiry_interval_s: float = 0.01  # how often queued work is checked for deadlines
     # timeout_ms may be at most the larger of factor x SLO latency and max_timeout_s
     max_timeout_factor: float = 60.0
-    max_timeout_s: float = 60.0
+    max_timeout_s: float = 600.0
     # Deadline-aware admission (`admission.py`): refuse at once (503) a request whose
     # estimated finish is past its budget: its timeout_ms when given, else
     # admission_factor x SLO (not the default deadline: admitting work that can only
     # finish late keeps the queue at the deadline, and every answer late, under overload).
     admission: bool = True
     admission_factor: float = 1.0
-    # Readiness turns false when requests are in flight and none has left the router
-    # (answered or failed) for this long, liveness after `unlive_after_s`; None = the
-    # longest allowed deadline + 5 s (no request stays longer), and 3 x that.
+    # Readiness turns false when requests are in flight and nothing has moved for this
+    # long (no request left the router, answered or failed, and no batch came back),
+    # liveness after `unlive_after_s`; None = the larger of 30 s and 10 x SLO, and 3 x that.
     unready_after_s: float | None = None
     unlive_after_s: float | None = None
 
@@ -210,12 +210,12 @@ class Router:
         self._default_timeout_s = s.deadline_factor * self.slo_s
         self._default_budget_s = min(self._default_timeout_s, s.admission_factor * self.slo_s)
         self._max_timeout_ms = max(s.max_timeout_factor * self.slo_s, s.max_timeout_s) * 1000.0
-        longest_s = max(self._max_timeout_ms / 1000.0, self._default_timeout_s)
-        self.unready_after_s = longest_s + 5.0 if s.unready_after_s is None else s.unready_after_s
+        stall_s = max(30.0, 10.0 * self.slo_s)
+        self.unready_after_s = stall_s if s.unready_after_s is None else s.unready_after_s
         self.unlive_after_s = (
             3.0 * self.unready_after_s if s.unlive_after_s is None else s.unlive_after_s
         )
-        self._progress_at = clock()  # when a request last left (or the first one came)
+        self._progress_at = clock()  # when a request last left or a batch came back
         self._admission = Admission(graph, self.queues) if s.admission else None
 
     # ----------------------------------------------------------------- DataPlane
@@ -225,8 +225,9 @@ class Router:
 
     def ready(self) -> bool:
         """Every stage has a connected worker, the router is not shutting down, and it is
-        not wedged: requests in flight with none leaving for `unready_after_s`, longer
-        than any request's deadline allows (a lost timer, a leaked in-flight slot)."""
+        not wedged: requests in flight and nothing moving (no request leaving, no batch
+        coming back) for `unready_after_s` (a lost timer, a leaked in-flight slot, every
+        worker on the path stuck)."""
         return (
             not self.draining
             and all(q.workers > 0 for q in self.queues.values())
@@ -339,8 +340,8 @@ class Router:
         self.metrics.rejected(reason)
 
     def stalled_s(self) -> float:
-        """How long requests have been in flight with none leaving the router (0 when
-        none is in flight)."""
+        """How long requests have been in flight with none leaving the router and no
+        batch coming back (0 when none is in flight)."""
         return self.clock() - self._progress_at if self._inflight else 0.0
 
     # ------------------------------------------------------------ request flow
@@ -523,6 +524,7 @@ class Router:
         queue = self.queues[stage]
         now = self.clock()
         step = queue.worker_done(conn.id, result.batch_id, now)
+        self._progress_at = now
         self.metrics.service_time(stage, result.service_s)
         items = step.completed
         self.stats.stage_batch[stage].add(now, len(items))
