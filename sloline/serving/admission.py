@@ -12,10 +12,10 @@ workers, ``s(b)`` its batch round trip and ``n`` the items that will be ahead of
 request there (queued at the stage, plus queued or in a batch at any stage before it on
 the path: they reach it first):
 
-- ``wait`` (from now until the request's batch there comes back): an idle worker and
-  nothing ahead: ``s(1)``; otherwise ``ceil((n + 1) / (B * W))`` rounds of full batches
-  ``s(B)``, plus ``s(B) / 2`` (the mean rest of the batches in progress) when every
-  worker is busy;
+- ``wait`` (from now until the request's batch there comes back): ``r =
+  ceil((n + 1) / (B * W))`` rounds, the first ``r - 1`` of full batches ``s(B)``, the
+  last the request's own batch ``s(b)`` holding what is left spread over the workers
+  (``b <= B``), plus half of the batch in progress when every worker is busy;
 - the stage finishes the request at ``max(start + own, wait)``: ``start`` is when its
   last parent finishes it, ``own`` one batch there (a tandem queue: a request leaves a
   stage no sooner than it arrives plus its own batch, and no sooner than the stage has
@@ -152,14 +152,19 @@ class Admission:
             ahead = queued
             for a in ancestors:
                 ahead += held[a]
-            busy = queue.busy_workers >= workers
-            if ahead or busy:
-                size = queue.max_batch
-                own = model.fixed_s + model.per_item_s * size
-                rounds = -(-(ahead + 1) // (size * workers))
-                wait = own * (rounds + 0.5 if busy else rounds)
-            else:
-                own = wait = model.fixed_s + model.per_item_s
+            busy = queue.busy_workers
+            size = queue.max_batch
+            per_round = size * workers
+            rounds = -(-(ahead + 1) // per_round)
+            # Batches before the request's are full; its own holds what is left, spread
+            # over the workers.
+            last = min(size, -(-(ahead + 1 - (rounds - 1) * per_round) // workers))
+            own = model.fixed_s + model.per_item_s * last
+            wait = own
+            if rounds > 1:
+                wait += (rounds - 1) * (model.fixed_s + model.per_item_s * size)
+            if busy >= workers:  # the rest of the batches in progress: half of one
+                wait += 0.5 * (model.fixed_s + model.per_item_s * queue.in_flight() / busy)
             finish[i] = max(start + own, wait)
         self.last_s = math.nan if cold else finish[-1]
         return finish[-1]

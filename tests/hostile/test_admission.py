@@ -52,12 +52,14 @@ class Clock:
         return self.now
 
 
-def make_router(clock: Clock | None = None, **settings: Any) -> Router:
+def make_router(
+    clock: Clock | None = None, max_batch: dict[str, int] | None = None, **settings: Any
+) -> Router:
     settings.setdefault("deadline_factor", 50.0)  # 5 s of real time for the loop's timers
     settings.setdefault("admission_factor", 1.0)  # budget without timeout_ms: the SLO
     return Router(
         load_pipeline(NOOP).graph,
-        max_batch={"s1": 1, "s2": 1, "s3": 1},
+        max_batch=max_batch or {"s1": 1, "s2": 1, "s3": 1},
         settings=RouterSettings(**settings),
         registry=CollectorRegistry(),
         clock=clock or Clock(),
@@ -451,6 +453,25 @@ async def test_a_pipeline_slower_than_its_slo_is_still_served_when_idle() -> Non
     clock.now += 0.18
     workers.answer_all()
     await task
+
+
+async def test_a_large_max_batch_is_not_assumed_full_under_light_load() -> None:
+    clock = Clock()
+    router = make_router(clock, max_batch={"s1": 32, "s2": 1, "s3": 1})
+    workers = Workers(router)
+    await warm_up(router, workers, clock, 0.010)  # batches of 1 only: 10 ms per item
+    first = asyncio.create_task(router.infer(request()))
+    await settle()
+    assert router._admission is not None
+    # s1 busy with one item: half of its 10 ms batch, then the request's batch of 1
+    # (15 ms); s2 and s3 one batch each after it: 15 + 10 + 10. Not a batch of 32
+    # (320 ms at the 10 ms per item the model learned from batches of 1).
+    assert router._admission.estimate_s() == pytest.approx(0.035)
+    second = asyncio.create_task(router.infer(request()))
+    await settle()
+    assert not second.done()
+    workers.answer_all()
+    await asyncio.gather(first, second)
 
 
 async def test_a_cold_router_admits_until_it_has_measurements() -> None:
