@@ -135,7 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         server=ServerSettings(
             host=args.host, http_port=args.port, grpc_port=args.grpc_port, **_front_door(args)
         ),
-        router=RouterSettings(queue_capacity=args.queue_capacity),
+        router=RouterSettings(queue_capacity=args.queue_capacity, admission=not args.no_admission),
         catalog=catalog,
         replicas=_assignments(args.replicas, "--replicas"),  # type: ignore[arg-type]
         max_batch=_assignments(args.max_batch, "--max-batch"),  # type: ignore[arg-type]
@@ -367,7 +367,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         loaded,
         plan,
         server=server,
-        router=RouterSettings(queue_capacity=args.queue_capacity),
+        router=RouterSettings(queue_capacity=args.queue_capacity, admission=not args.no_admission),
         drain_s=args.drain_s,
     )
 
@@ -851,6 +851,11 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     p.add_argument("--max-batch", action="append", default=[], metavar="STAGE=B")
     p.add_argument("--hardware", action="append", default=[], metavar="STAGE=CLASS")
     p.add_argument("--queue-capacity", type=int, default=1024, help="items per stage queue")
+    p.add_argument(
+        "--no-admission",
+        action="store_true",
+        help="queue requests that cannot finish in time instead of refusing them (503)",
+    )
     p.add_argument("--log-dir", help="worker logs (default: a new temp dir)")
     _add_limit_flags(p)
     p.add_argument(
@@ -939,6 +944,11 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915 - one statement 
     )
     _add_front_door_flags(p)
     p.add_argument("--queue-capacity", type=int, default=1024, help="items per stage queue")
+    p.add_argument(
+        "--no-admission",
+        action="store_true",
+        help="queue requests that cannot finish in time instead of refusing them (503)",
+    )
     p.add_argument(
         "--drain-s", type=float, default=5.0, help="on SIGTERM, wait this long for requests"
     )

@@ -38,3 +38,17 @@ def sleepy_session(tmp_path_factory: pytest.TempPathFactory) -> PlanningSession:
     return plan_pipeline(
         load_pipeline(SLEEPY), DEFAULT_CATALOG, ProfilerSettings(max_batch_cap=4, cache_dir=cache)
     )
+
+
+@pytest.fixture(autouse=True)
+def _unthrottled_logs() -> Iterator[None]:
+    """`sloline.cli.main` throttles the loggers a client can trigger, for the whole
+    process; a test that calls it in-process must not hide log lines from the next."""
+    import logging
+
+    from sloline.serving.logthrottle import STRANGER_LOGGERS, Throttle
+
+    yield
+    for name in STRANGER_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.filters = [f for f in logger.filters if not isinstance(f, Throttle)]

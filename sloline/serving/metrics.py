@@ -58,6 +58,14 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # Reasons of sloline_stage_errors_total the router reports; their series start at 0 so
 # rate() and alerts see the first error.
 STAGE_ERROR_REASONS = ("model_error", "worker_lost")
+# Why the router shed a request with 503 (sloline_admission_rejected_total): its
+# estimated finish was past its budget, max_inflight requests were in the router, a
+# stage queue was full, or the router is shutting down.
+REJECT_REASONS = ("deadline", "inflight", "queue_full", "draining")
+# How late the router's event loop runs a timer: the wait every request, response and
+# worker message sees before the loop gets to it (time a request spends before the
+# router sees it included).
+LOOP_LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 def latency_buckets(slo_s: float | None) -> tuple[float, ...]:
@@ -121,6 +129,8 @@ class RouterMetrics:
         self.slo_miss = 0
         self.batch_size = {s: Series(tuple(map(float, BATCH_BUCKETS))) for s in stages}
         self.service = {s: Series(LATENCY_BUCKETS_S) for s in self.batch_size}
+        self.rejections = dict.fromkeys(REJECT_REASONS, 0)
+        self.loop_lag = Series(LOOP_LAG_BUCKETS_S)
         registry.register(_HotPathCollector(self))
         self.requeued = Counter(
             "sloline_stage_requeued_items",
@@ -145,6 +155,9 @@ class RouterMetrics:
             self.latency.observe(latency_s)
         if latency_s is None or latency_s > slo_s:
             self.slo_miss += 1
+
+    def rejected(self, reason: str) -> None:
+        self.rejections[reason] += 1
 
     def batch(self, stage: str, size: int) -> None:
         self.batch_size[stage].observe(size)
@@ -187,7 +200,20 @@ class _HotPathCollector(Collector):
         for stage, series in m.batch_size.items():
             batch.add_metric([p, stage], series.buckets(), series.sum)
             service.add_metric([p, stage], m.service[stage].buckets(), m.service[stage].sum)
-        return [requests, latency, miss, batch, service]
+        rejected = CounterMetricFamily(
+            "sloline_admission_rejected",
+            "Requests shed with 503, by reason (also counted in sloline_requests_total).",
+            labels=["pipeline", "reason"],
+        )
+        for reason, count in m.rejections.items():
+            rejected.add_metric([p, reason], count)
+        lag = HistogramMetricFamily(
+            "sloline_event_loop_lag_seconds",
+            "How late the router's event loop woke a periodic timer.",
+            labels=["pipeline"],
+        )
+        lag.add_metric([p], m.loop_lag.buckets(), m.loop_lag.sum)
+        return [requests, latency, miss, batch, service, rejected, lag]
 
 
 class StateCollector(Collector):

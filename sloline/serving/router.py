@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -30,6 +31,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from sloline.serving import wire
+from sloline.serving.admission import Admission
 from sloline.serving.dag import DagRun, DagShape, ReadyStage
 from sloline.serving.metrics import RouterMetrics, StateCollector
 from sloline.serving.proto import worker_pb2 as pb
@@ -65,6 +67,20 @@ class RouterSettings:
     max_attempts: int = 2  # worker deaths per item before its batch is split (queue.py)
     retry_after_s: float = 0.1  # hint sent with 503s
     expiry_interval_s: float = 0.01  # how often queued work is checked for deadlines
+    # timeout_ms may be at most the larger of factor x SLO latency and max_timeout_s
+    max_timeout_factor: float = 60.0
+    max_timeout_s: float = 600.0
+    # Deadline-aware admission (`admission.py`): refuse at once (503) a request whose
+    # estimated finish is past its budget: its timeout_ms when given, else
+    # admission_factor x SLO (not the default deadline: admitting work that can only
+    # finish late keeps the queue at the deadline, and every answer late, under overload).
+    admission: bool = True
+    admission_factor: float = 1.0
+    # Readiness turns false when requests are in flight and nothing has moved for this
+    # long (no request left the router, answered or failed, and no batch came back),
+    # liveness after `unlive_after_s`; None = the larger of 30 s and 10 x SLO, and 3 x that.
+    unready_after_s: float | None = None
+    unlive_after_s: float | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -73,11 +89,17 @@ class _Request:
     future: asyncio.Future[dict[str, Tensor]]
     arrival: float
     deadline: float
+    estimate: float = math.nan  # admission's estimate of its latency (NaN: none)
     items: list[WorkItem] = field(default_factory=list)
 
     def fail(self, error: InferenceError) -> None:
         if not self.future.done():
             self.future.set_exception(error)
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Nobody waits for the answer any more: drop the work still queued."""
+        self.future.cancel()
         for item in self.items:
             item.cancelled = True
 
@@ -186,15 +208,35 @@ class Router:
                 )
             )
         self._inputs = {t.name: t for t in spec.inputs}
+        self._outputs = frozenset(t.name for t in graph.output.spec.outputs)
         self._expiry_task: asyncio.Task[None] | None = None
+        s = self.settings
+        self._default_timeout_s = s.deadline_factor * self.slo_s
+        self._default_budget_s = min(self._default_timeout_s, s.admission_factor * self.slo_s)
+        self._max_timeout_ms = max(s.max_timeout_factor * self.slo_s, s.max_timeout_s) * 1000.0
+        stall_s = max(30.0, 10.0 * self.slo_s)
+        self.unready_after_s = stall_s if s.unready_after_s is None else s.unready_after_s
+        self.unlive_after_s = (
+            3.0 * self.unready_after_s if s.unlive_after_s is None else s.unlive_after_s
+        )
+        self._progress_at = clock()  # when a request last left or a batch came back
+        self._admission = Admission(graph, self.queues) if s.admission else None
 
     # ----------------------------------------------------------------- DataPlane
     def live(self) -> bool:
-        return True
+        """False once the router looks wedged for long (see `ready`): a restart is due."""
+        return self.stalled_s() <= self.unlive_after_s
 
     def ready(self) -> bool:
-        """Every stage has a connected worker and the router is not shutting down."""
-        return not self.draining and all(q.workers > 0 for q in self.queues.values())
+        """Every stage has a connected worker, the router is not shutting down, and it is
+        not wedged: requests in flight and nothing moving (no request leaving, no batch
+        coming back) for `unready_after_s` (a lost timer, a leaked in-flight slot, every
+        worker on the path stuck)."""
+        return (
+            not self.draining
+            and all(q.workers > 0 for q in self.queues.values())
+            and self.stalled_s() <= self.unready_after_s
+        )
 
     def model_ready(self, name: str) -> bool:
         self._check_name(name)
@@ -214,45 +256,98 @@ class Router:
         )
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        """Validate, admit, run the DAG, answer.
+
+        Everything a request carries is validated before it counts as an arrival (the
+        envelope the tuner reads, the re-planner's arrivals): invalid traffic is not
+        demand, while requests shed for overload are. The in-flight count goes up only
+        inside the ``try`` whose ``finally`` takes it down again, so no failure at any
+        step can leak a slot; an `InferenceError` reaches the front door as its status,
+        anything else propagates (the front door logs it and answers 500), and either
+        way the request's queued work is dropped.
+        """
         self._check_name(request.model_name)
         inputs, batched = self._validate(request.inputs)
+        timeout_s = self._timeout(request.parameters)
+        _check_priority(request.parameters)
+        if request.outputs is not None:
+            self._check_outputs(request.outputs)
         now = self.clock()
         if (arrivals := self.stats.arrivals) is not None:
             arrivals.add(now, now)
         if self._on_arrival is not None:
             self._on_arrival(now)
-        if self.draining:
-            self.metrics.answered(503, None, self.slo_s)
-            raise Overloaded("the router is shutting down", retry_after_s=1.0)
-        if self._inflight >= self.settings.max_inflight:
-            self.metrics.answered(503, None, self.slo_s)
-            raise Overloaded(
-                f"{self._inflight} requests in flight (limit {self.settings.max_inflight}); "
-                "retry later",
-                retry_after_s=self.settings.retry_after_s,
-            )
-        timeout_s = self._timeout(request.parameters)
-        loop = asyncio.get_running_loop()
-        state = _Request(DagRun(self._dag, inputs), loop.create_future(), now, now + timeout_s)
+        self._admit(timeout_s, request.parameters)
+        state: _Request | None = None
+        timer: asyncio.TimerHandle | None = None
+        if self._inflight == 0:
+            self._progress_at = now  # the stall clock starts with the first request
         self._inflight += 1
-        timer = loop.call_later(timeout_s, self._expire_request, state)
         try:
+            loop = asyncio.get_running_loop()
+            state = _Request(DagRun(self._dag, inputs), loop.create_future(), now, now + timeout_s)
+            if self._admission is not None:
+                state.estimate = self._admission.last_s
+            timer = loop.call_later(timeout_s, self._expire_request, state)
             self._submit(state, state.run.start())
             outputs = await state.future
-        except InferenceError as exc:
-            self.metrics.answered(exc.status, None, self.slo_s)
-            self.stats.errors.add(self.clock(), 1.0)
+        except BaseException as exc:
+            if state is not None:
+                state.abandon()
+            if isinstance(exc, InferenceError):
+                self.metrics.answered(exc.status, None, self.slo_s)
+                self.stats.errors.add(self.clock(), 1.0)
+            elif isinstance(exc, Exception):
+                self.metrics.answered(500, None, self.slo_s)
             raise
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             self._inflight -= 1
-        end = self.clock()
+            self._progress_at = self.clock()
+        assert state is not None
+        end = self._progress_at
         latency_s = end - state.arrival
         self.metrics.answered(200, latency_s, self.slo_s)
         self.stats.latency.add(end, latency_s)
+        if state.estimate == state.estimate:  # not NaN: admission estimated it
+            self._admission.error.observe(latency_s - state.estimate)  # type: ignore[union-attr]
         return InferResponse(
             self.name, self._shape_outputs(outputs, request, batched), id=request.id
         )
+
+    def _admit(self, timeout_s: float, parameters: Mapping[str, Any]) -> None:
+        """Shed (503) what the router cannot take or cannot finish in time."""
+        settings = self.settings
+        if self.draining:
+            self._reject("draining")
+            raise Overloaded("the router is shutting down", retry_after_s=1.0)
+        if self._inflight >= settings.max_inflight:
+            self._reject("inflight")
+            raise Overloaded(
+                f"{self._inflight} requests in flight (limit {settings.max_inflight}); retry later",
+                retry_after_s=settings.retry_after_s,
+            )
+        if self._admission is not None:
+            budget_s = timeout_s if "timeout_ms" in parameters else self._default_budget_s
+            estimate_s = self._admission.refuse(budget_s, timeout_s)
+            if estimate_s is not None:
+                self._reject("deadline")
+                raise Overloaded(
+                    f"the pipeline cannot finish this request in time: the work queued "
+                    f"ahead would take ~{estimate_s * 1000:.0f} ms, over its "
+                    f"{budget_s * 1000:.0f} ms budget; retry later",
+                    retry_after_s=max(settings.retry_after_s, estimate_s - budget_s),
+                )
+
+    def _reject(self, reason: str) -> None:
+        self.metrics.answered(503, None, self.slo_s)
+        self.metrics.rejected(reason)
+
+    def stalled_s(self) -> float:
+        """How long requests have been in flight with none leaving the router and no
+        batch coming back (0 when none is in flight)."""
+        return self.clock() - self._progress_at if self._inflight else 0.0
 
     # ------------------------------------------------------------ request flow
     def _check_name(self, name: str) -> None:
@@ -293,12 +388,31 @@ class Router:
         return inputs, batched.pop()
 
     def _timeout(self, parameters: Mapping[str, Any]) -> float:
+        """The request's deadline in seconds: `timeout_ms`, a finite number of
+        milliseconds in (0, max(max_timeout_factor x SLO, max_timeout_s)], else the
+        default."""
         value = parameters.get("timeout_ms")
         if value is None:
-            return self.settings.deadline_factor * self.slo_s
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise InvalidInput(f"parameter timeout_ms must be a positive number, got {value!r}")
+            return self._default_timeout_s
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidInput(
+                f"parameter timeout_ms must be a number of milliseconds, got {value!r} "
+                f"({type(value).__name__})"
+            )
+        # NaN fails both comparisons, inf and 1e300 the second.
+        if not 0 < value <= self._max_timeout_ms:
+            raise InvalidInput(
+                f"parameter timeout_ms must be above 0 and at most {self._max_timeout_ms:g} "
+                f"(the larger of {self.settings.max_timeout_factor:g} x the pipeline's "
+                f"{self.slo_s * 1000:g} ms SLO and {self.settings.max_timeout_s:g} s), "
+                f"got {value!r}"
+            )
         return float(value) / 1000.0
+
+    def _check_outputs(self, requested: tuple[str, ...]) -> None:
+        unknown = sorted(set(requested) - self._outputs)
+        if unknown:
+            raise InvalidInput(f"unknown output(s) {unknown}; available {sorted(self._outputs)}")
 
     def _shape_outputs(
         self, outputs: dict[str, Tensor], request: InferRequest, batched: bool
@@ -320,12 +434,13 @@ class Router:
             try:
                 step = queue.push(item, now)
             except QueueFull as exc:
+                self.metrics.rejected("queue_full")
                 state.fail(
                     Overloaded(f"{exc}; retry later", retry_after_s=self.settings.retry_after_s)
                 )
                 return
             state.items.append(item)
-            self._perform(queue, step)
+            self._perform(queue, step, now)
 
     @property
     def inflight(self) -> int:
@@ -340,18 +455,18 @@ class Router:
             )
         )
 
-    def _perform(self, queue: StageQueue, step: Step) -> None:
-        if step.dispatches:
-            now = self.clock()
-            for dispatch in step.dispatches:
-                conn = self.workers.get(str(dispatch.worker))
-                if conn is None:  # pragma: no cover - the queue only knows connected workers
-                    raise RuntimeError(f"dispatch to unknown worker {dispatch.worker}")
-                self.metrics.batch(queue.stage, len(dispatch.items))
-                conn.dispatched_at = now
-                conn.send(
-                    wire.batch_message(dispatch.batch_id, [item.inputs for item in dispatch.items])
-                )
+    def _perform(self, queue: StageQueue, step: Step, now: float) -> None:
+        # `now` comes from the caller: nothing that can fail runs between the queue
+        # handing a batch out and the batch reaching its worker's stream.
+        for dispatch in step.dispatches:
+            conn = self.workers.get(str(dispatch.worker))
+            if conn is None:  # pragma: no cover - the queue only knows connected workers
+                raise RuntimeError(f"dispatch to unknown worker {dispatch.worker}")
+            conn.dispatched_at = now
+            conn.send(
+                wire.batch_message(dispatch.batch_id, [item.inputs for item in dispatch.items])
+            )
+            self.metrics.batch(queue.stage, len(dispatch.items))
         for item in step.expired:
             item.request.fail(
                 DeadlineExceeded(f"deadline passed while queued at stage {queue.stage!r}")
@@ -385,7 +500,8 @@ class Router:
         )
         self.workers[conn.id] = conn
         queue = self.queues[conn.stage]
-        self._perform(queue, queue.add_worker(conn.id, self.clock()))
+        now = self.clock()
+        self._perform(queue, queue.add_worker(conn.id, now), now)
         # DEBUG: `sloline run`'s status table and `sloline_stage_replicas` show who is
         # connected, and the profiler's stand-in workers are no business of the user's.
         log.debug("worker %s (pid %d) joined stage %s", conn.id, conn.pid, conn.stage)
@@ -401,7 +517,7 @@ class Router:
         if requeued:
             self.metrics.requeued.labels(self.name, conn.stage).inc(requeued)
             log.warning("worker %s left holding %d item(s); re-queued", conn.id, requeued)
-        self._perform(queue, step)
+        self._perform(queue, step, self.clock())
         conn.close(flush=False)
 
     def leaving(self, conn: WorkerConn) -> None:
@@ -414,12 +530,16 @@ class Router:
         queue = self.queues[stage]
         now = self.clock()
         step = queue.worker_done(conn.id, result.batch_id, now)
+        self._progress_at = now
         self.metrics.service_time(stage, result.service_s)
         items = step.completed
         self.stats.stage_batch[stage].add(now, len(items))
         self.stats.stage_service[stage].add(now, result.service_s)
         self.stats.stage_cpu[stage].add(now, result.cpu_s)
-        self.stats.stage_roundtrip[stage].add(now, now - conn.dispatched_at)
+        roundtrip_s = now - conn.dispatched_at
+        self.stats.stage_roundtrip[stage].add(now, roundtrip_s)
+        if self._admission is not None:
+            self._admission.models[stage].observe(len(items), roundtrip_s)
         visits = self.stats.stage_latency[stage]
         for item in items:
             visits.add(now, now - item.enqueued_at)
@@ -440,24 +560,27 @@ class Router:
                     self.metrics.stage_errors.labels(self.name, stage, "model_error").inc()
                     state.fail(StageFailed(f"stage {stage!r} failed: {out.error}"))
                     continue
-                try:
-                    ready = state.run.complete(stage, values)
-                    if state.run.finished:
-                        state.future.set_result(self._finite(state.run.output()))
-                    else:
-                        self._submit(state, ready)
-                except InferenceError as exc:
-                    state.fail(exc)
-                except Exception as exc:
-                    log.error("stage %r: advancing a request failed", stage, exc_info=True)
-                    state.fail(
-                        StageFailed(
-                            f"the router failed after stage {stage!r}: {type(exc).__name__}: {exc}"
-                        )
-                    )
-        self._perform(queue, step)
+                self._advance(state, stage, values)
+        self._perform(queue, step, now)
         if queue.draining(conn.id):
             conn.close()
+
+    def _advance(self, state: _Request, stage: str, values: dict[str, Tensor]) -> None:
+        """`stage` finished for one request: answer it or submit its next stages. Whatever
+        goes wrong fails this request alone (500), never the batch or the worker's stream."""
+        try:
+            ready = state.run.complete(stage, values)
+            if state.run.finished:
+                state.future.set_result(self._finite(state.run.output()))
+            else:
+                self._submit(state, ready)
+        except InferenceError as exc:
+            state.fail(exc)
+        except Exception as exc:
+            log.error("stage %r: advancing a request failed", stage, exc_info=True)
+            state.fail(
+                StageFailed(f"the router failed after stage {stage!r}: {type(exc).__name__}: {exc}")
+            )
 
     def _finite(self, outputs: dict[str, Tensor]) -> dict[str, Tensor]:
         """A pipeline output with NaN or infinities is the model's failure, answered 500 on
@@ -473,13 +596,37 @@ class Router:
         return outputs
 
     async def expire_queued(self) -> None:
-        """Periodically drop queued work whose deadline passed (runs for the router's life)."""
+        """Periodically drop queued work whose deadline passed (runs for the router's life).
+
+        Each wake-up also measures how late the event loop ran it
+        (`sloline_event_loop_lag_seconds`): the wait everything on the loop sees,
+        requests the front doors have not handed to the router yet included.
+        """
+        loop = asyncio.get_running_loop()
+        interval_s = self.settings.expiry_interval_s
+        lag = self.metrics.loop_lag
         while True:
-            await asyncio.sleep(self.settings.expiry_interval_s)
+            slept = loop.time()
+            await asyncio.sleep(interval_s)
+            lag.observe(max(0.0, loop.time() - slept - interval_s))
             now = self.clock()
             for queue in self.queues.values():
                 if len(queue):
-                    self._perform(queue, queue.cancel_expired(now))
+                    self._perform(queue, queue.cancel_expired(now), now)
+
+
+def _check_priority(parameters: Mapping[str, Any]) -> None:
+    """Triton's `priority` (an unsigned integer, 0 = the default level) is accepted for its
+    clients' sake and not used: every stage queue is one FIFO, which the estimator
+    simulates. A value Triton would refuse is refused here too."""
+    value = parameters.get("priority")
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64
+    ):
+        raise InvalidInput(
+            f"parameter priority must be an integer in [0, 2^64), got {value!r} "
+            "(sloline accepts it for Triton's clients and serves every request in FIFO order)"
+        )
 
 
 class WorkerService:

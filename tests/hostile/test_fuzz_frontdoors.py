@@ -400,11 +400,6 @@ def test_still_answers_correctly_after_the_fuzz(
         assert {"OK", "INVALID_ARGUMENT"} <= set(SEEN["grpc"]), SEEN["grpc"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Router._timeout lets NaN / infinite timeout_ms through as 'no deadline'; the "
-    "router's fix lands on another branch of the hostile-input issue: drop this mark then",
-)
 @pytest.mark.parametrize("timeout_ms", [math.nan, math.inf])
 def test_non_finite_timeout_ms_is_invalid(channel: grpc.Channel, timeout_ms: float) -> None:
     """Found by the fuzz: gRPC's double parameters carry NaN and infinity (JSON cannot)."""

@@ -36,14 +36,9 @@ def test_throttle_passes_one_per_kind_per_window_and_counts_the_rest() -> None:
 
 @pytest.fixture
 def guarded() -> Iterator[BackgroundPipeline]:
-    saved = {name: list(logging.getLogger(name).filters) for name in STRANGER_LOGGERS}
-    throttle_logs()
-    try:
-        with BackgroundPipeline(NOOP, server={"auth_tokens": ("a-token-0123456789abcdef",)}) as bg:
-            yield bg
-    finally:
-        for name, filters in saved.items():
-            logging.getLogger(name).filters = filters
+    throttle_logs()  # taken off again after the test (tests/conftest.py)
+    with BackgroundPipeline(NOOP, server={"auth_tokens": ("a-token-0123456789abcdef",)}) as bg:
+        yield bg
 
 
 def test_a_flood_of_refused_and_malformed_requests_logs_a_few_lines(

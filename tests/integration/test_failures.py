@@ -169,7 +169,10 @@ def test_worker_crash_retried_once_then_failed_explicitly() -> None:
 
 def test_kill_9_under_load_loses_and_duplicates_nothing() -> None:
     with BackgroundPipeline(
-        NOOP, replicas={"s2": 2}, max_batch={"s2": 4}, router=RouterSettings(deadline_factor=100)
+        NOOP,
+        replicas={"s2": 2},
+        max_batch={"s2": 4},
+        router=RouterSettings(deadline_factor=100, admission_factor=100),
     ) as served:
         client = grpcclient.InferenceServerClient(served.grpc_url)
         answers: Counter[str] = Counter()

@@ -60,8 +60,9 @@ class BackgroundPipeline:
                 | dict(server or {})
             ),
             # Tests check function, not the SLO: a loaded CI machine must not turn slow
-            # answers into 504s unless a test asks for tight deadlines.
-            router=router or RouterSettings(deadline_factor=50.0),
+            # answers into 504s (nor admission into 503s) unless a test asks for tight
+            # deadlines.
+            router=router or RouterSettings(deadline_factor=50.0, admission_factor=50.0),
             replicas=replicas or {},
             max_batch=max_batch or {},
             tuner_overrides=tuner or {},
