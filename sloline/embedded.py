@@ -222,6 +222,7 @@ class EmbeddedPipeline:
             worker_nice=self.settings.worker_nice,
             worker_token=server.worker_token,
         )
+        self.router.on_attach = self.backend.worker_connected
         await self.backend.start()
         if self.plan is not None and self.settings.tuner:
             self.tuner = self._make_tuner(self.plan, self.backend)

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -88,6 +87,7 @@ class _Replica:
     log_path: Path
     stopping: bool = False
     outgoing: bool = False  # of the stage's previous hardware: serves until handed over
+    connected: bool = False  # it said Hello to the router (`LocalBackend.worker_connected`)
 
 
 @dataclass(slots=True)
@@ -181,6 +181,15 @@ class LocalBackend:
 
     def desired(self) -> dict[str, int]:
         return {name: s.desired for name, s in self._stages.items()}
+
+    def worker_connected(self, pid: int) -> None:
+        """The router says the worker `pid` connected (loaded, warmed up, said Hello): if
+        it dies from now on, it is restarted at once (`RestartPolicy`)."""
+        for stage in self._stages.values():
+            for replica in stage.replicas:
+                if replica.process.pid == pid:
+                    replica.connected = True
+                    return
 
     def pids(self, stage: str) -> list[int]:
         return [r.process.pid for r in self._stages[stage].replicas if _counted(r)]
@@ -289,8 +298,7 @@ class LocalBackend:
                 if replica.stopping or replica.outgoing:  # an outgoing one is not replaced
                     continue
                 stage.restarts += 1
-                served = _connected(replica.log_path)
-                if served or now - stage.last_crash >= self.restart.reset_after_s:
+                if replica.connected or now - stage.last_crash >= self.restart.reset_after_s:
                     stage.streak = 0
                 stage.streak += 1
                 stage.last_crash = now
@@ -315,20 +323,6 @@ class LocalBackend:
 
 def _counted(replica: _Replica) -> bool:
     return not (replica.stopping or replica.outgoing)
-
-
-# What a worker logs when it has connected to the router (model_server/worker.py).
-_CONNECTED = re.compile(rb"sloline\.model_server\.worker: stage \S+ connected to ")
-
-
-def _connected(log: Path, limit: int = 1 << 20) -> bool:
-    """Whether the worker logging to `log` connected to the router (the line comes
-    after loading and warm-up, near the start of its log)."""
-    try:
-        with log.open("rb") as f:
-            return _CONNECTED.search(f.read(limit)) is not None
-    except OSError:
-        return False
 
 
 def _tail(path: Path, lines: int = 3) -> str:

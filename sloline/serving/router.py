@@ -196,6 +196,9 @@ class Router:
         )
         self.stats = RouterStats(list(graph.stages))
         self.draining = False
+        # Told the pid of each worker that connects (embedded: the local backend's restart
+        # policy restarts a worker that had connected at once).
+        self.on_attach: Callable[[int], None] | None = None
         if registry is not None:
             registry.register(
                 StateCollector(
@@ -502,6 +505,8 @@ class Router:
         queue = self.queues[conn.stage]
         now = self.clock()
         self._perform(queue, queue.add_worker(conn.id, now), now)
+        if self.on_attach is not None:
+            self.on_attach(conn.pid)
         # DEBUG: `sloline run`'s status table and `sloline_stage_replicas` show who is
         # connected, and the profiler's stand-in workers are no business of the user's.
         log.debug("worker %s (pid %d) joined stage %s", conn.id, conn.pid, conn.stage)

@@ -12,11 +12,6 @@ import pytest
 from sloline.backends.local import LocalBackend, RestartPolicy, StageLaunch, _Replica, _Stage
 from sloline.spec import DEFAULT_CATALOG
 
-CONNECTED = (
-    "2026-01-01 00:00:00,000 INFO sloline.model_server.worker: stage s connected to "
-    "127.0.0.1:8001\n"
-)
-
 
 class FakeProcess:
     pids = itertools.count(100)
@@ -59,8 +54,7 @@ class Backend(LocalBackend):
     def crash(self, *, connected: bool) -> None:
         replica = self.live()[0]
         if connected:
-            with replica.log_path.open("a") as f:
-                f.write(CONNECTED)
+            self.worker_connected(replica.process.pid)
         with replica.log_path.open("a") as f:
             f.write("Traceback: boom\n")
         replica.process.code = 1  # type: ignore[attr-defined]
