@@ -221,6 +221,7 @@ class EmbeddedPipeline:
             grace_s=self.settings.worker_grace_s,
             worker_nice=self.settings.worker_nice,
             worker_token=server.worker_token,
+            model_dir=self.loaded.base_dir,
         )
         self.router.on_attach = self.backend.worker_connected
         await self.backend.start()

@@ -31,6 +31,7 @@ from pathlib import Path
 from sloline.backends.base import ReplicaStatus
 from sloline.serving.auth import WORKER_TOKEN_ENV
 from sloline.spec import HardwareClass
+from sloline.spec.loader import MODEL_DIR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ class LocalBackend:
         worker_nice: int = WORKER_NICE,
         restart: RestartPolicy | None = None,
         worker_token: str | None = None,
+        model_dir: Path | None = None,
     ) -> None:
         if not 0 <= worker_nice <= 19:
             raise ValueError(f"worker_nice must be 0-19 (a lower priority), got {worker_nice}")
@@ -125,6 +127,9 @@ class LocalBackend:
         self.worker_nice = worker_nice
         self.router_address = router_address  # the router's worker port
         self.worker_token = worker_token  # passed in the environment, never in argv
+        # The model directory the router resolved the pipeline with: the workers load the
+        # same files, whatever SLOLINE_MODEL_DIR this process inherited.
+        self.model_dir = model_dir
         self.log_dir = log_dir
         self.grace_s = grace_s
         self.poll_s = poll_s
@@ -257,6 +262,8 @@ class LocalBackend:
         env.pop(WORKER_TOKEN_ENV, None)
         if self.worker_token:
             env[WORKER_TOKEN_ENV] = self.worker_token
+        if self.model_dir is not None:
+            env[MODEL_DIR_ENV] = str(self.model_dir)
         if hw.embedded.cpus:
             cmd += ["--cpus", ",".join(map(str, hw.embedded.cpus))]
         with log_path.open("ab") as out:

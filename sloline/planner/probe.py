@@ -181,7 +181,9 @@ async def _serve(
         )
         spec_file.write_text(_pipeline_doc(payload, stages, max_batch))
         settings = EmbeddedSettings(server=ServerSettings(http_port=0, grpc_port=0), tuner=False)
-        async with EmbeddedPipeline(load_pipeline(spec_file), settings) as served:
+        # Its own directory, whatever SLOLINE_MODEL_DIR says (a profiling Job sets it).
+        probe = load_pipeline(spec_file, model_dir=tmp)
+        async with EmbeddedPipeline(probe, settings) as served:
             await served.wait_ready()
             return await body(served)
 
