@@ -1,4 +1,4 @@
-"""Estimator vs reality (issue #3): the planner's estimated P99 against the served pipeline.
+"""Estimator vs reality: the planner's estimated P99 against the served pipeline.
 
 For each example (``digits-cascade``, ``image-ensemble``, and the control ``sleepy``, whose
 slow stage sleeps instead of computing) the pipeline is profiled once (cached) and planned

@@ -1,8 +1,8 @@
 """Summaries and markdown tables of the serving benchmark (`serving.py`).
 
 Every number in a table is the median over repetitions, with the min-max spread beside
-it where there is more than one repetition. The targets of issue #2 are checked against
-the medians and printed as measured, pass or not.
+it where there is more than one repetition. The project's targets (docs/benchmarks.md)
+are checked against the medians and printed as measured, pass or not.
 """
 
 from __future__ import annotations

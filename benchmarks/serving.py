@@ -1,4 +1,4 @@
-"""Serving benchmark (issue #2): sloline vs the in-process floor vs Ray Serve, one machine.
+"""Serving benchmark: sloline vs the in-process floor vs Ray Serve, one machine.
 
 Systems, each in its own processes, never in the load generator's:
 

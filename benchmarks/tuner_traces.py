@@ -1,4 +1,4 @@
-"""The tuner in closed loop against the planner and reactive autoscalers (issue #4).
+"""The tuner in closed loop against the planner and reactive autoscalers .
 
 Two pipelines, each planned by the planner on a sample of its trace, then served by the
 closed-loop simulator (:mod:`sloline.tuner.simulate`) under every policy, on the same
@@ -20,8 +20,8 @@ reacting: the plan scaled to 3x its replicas at the very instant of the step.
 - ``cpu-text`` (SLO 300 ms): tokenize -> {language id, classifier} -> ranker (a join);
   CPU-only affine batch profiles (a fixed cost plus a per-item cost), cpu-1 and cpu-2.
 
-It checks the issue's targets on every trace: the InferLine tuner keeps SLO attainment
->= 99 %, costs <= 1.25x the oracle planner, and misses >= 5x less often than the best
+It checks the tuner's targets (docs/tuner.md) on every trace: the InferLine tuner keeps
+SLO attainment >= 99 %, costs <= 1.25x the oracle planner, and misses >= 5x less often than the best
 reactive baseline at equal or lower cost (read two ways at the baselines' defaults, see
 ``verdicts``). The reactive baselines run at their vendors' defaults, which are not cost-
 matched to the tuner; so every run also sweeps each baseline's cost knob (``KNOBS``: HPA's

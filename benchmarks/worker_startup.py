@@ -1,5 +1,5 @@
 """How long a real sloline worker takes to start serving: the replica activation delay
-that the closed-loop tuner simulation assumes (issue #4; InferLine §5 uses 5 s).
+that the closed-loop tuner simulation assumes (InferLine §5 uses 5 s).
 
 Serves ``examples/digits-cascade`` embedded (router plus local worker processes, tuner
 off), then for every stage repeatedly asks the local backend for one more replica and

@@ -1,7 +1,7 @@
 """The Estimator: end-to-end latency of every query of a trace under one configuration (§4.2).
 
-A deterministic discrete-event simulation of the router's dispatch semantics (DESIGN.md,
-"Data flow"): one FIFO queue per stage; an idle replica takes ``min(queue, max_batch)``
+A deterministic discrete-event simulation of the router's dispatch semantics (docs/architecture.md,
+"One request"): one FIFO queue per stage; an idle replica takes ``min(queue, max_batch)``
 items at once; a batch occupies its replica for the profiled service time of (hardware,
 batch size) plus the hop overhead; a stage becomes ready for a query when all its
 dependencies have completed or been skipped; conditional routing replays the profiled

@@ -1,10 +1,11 @@
 """The one batch API every model adapter implements, and the error users see when a model fails.
 
-A stage's model maps a batch of requests to a batch of results (DESIGN.md, "Model
-contract"). Adapters for compiled formats (ONNX, TorchScript) and Python stages declared
-`batching: stacked` implement `Runtime`: named arrays stacked on axis 0 in, named arrays
-with the same leading dimension out. Python stages declared `batching: list` implement
-`ListRuntime`: one dict per request in, one dict per request out. `StageRunner`
+A stage's model maps a batch of requests to a batch of results (the model contract,
+docs/spec-reference.md). Adapters for compiled formats (ONNX, TorchScript) and Python
+stages declared `batching: stacked` implement `Runtime`: named arrays stacked on axis 0
+in, named arrays with the same leading dimension out. Python stages declared `batching:
+list` implement `ListRuntime`: one dict per request in, one dict per request out.
+`StageRunner`
 (`runner.py`) does the stacking, splitting and checking around either.
 """
 

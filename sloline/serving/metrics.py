@@ -1,5 +1,5 @@
-"""Prometheus metrics of sloline (router, SLO and plan, tuner), with the names fixed in
-DESIGN.md.
+"""Prometheus metrics of sloline (router, SLO and plan, tuner), with fixed names
+(docs/operations.md, "Metric reference").
 
 Dashboards, alerts and the tuner's Prometheus source depend on these names; change them
 only together (docs/operations.md lists them all, and a test keeps that list complete).
@@ -167,7 +167,7 @@ class RouterMetrics:
 
 
 class _HotPathCollector(Collector):
-    """Exports `RouterMetrics`' plain counters and series under the DESIGN.md names."""
+    """Exports `RouterMetrics`' plain counters and series under their fixed names."""
 
     def __init__(self, metrics: RouterMetrics) -> None:
         self._m = metrics

@@ -6,7 +6,7 @@ centralized batched queue (`StageQueue`). Workers dial in over `WorkerService.Co
 and pull batches with one credit each; results flow back, downstream stages become
 ready, and the output stage's values are the response.
 
-Failure rules (the issue's contract): a request past its deadline is failed with 504
+Failure rules (docs/architecture.md): a request past its deadline is failed with 504
 and its queued work is dropped rather than occupying a worker; a worker that dies
 mid-batch has that batch re-queued once at the head; if workers die holding it again it
 is split until the request that kills them is alone, and only that one fails; a full

@@ -16,7 +16,7 @@ coarse-grained AutoScale baseline scales the whole pipeline as one unit (InferLi
   ``scaleDown.stabilizationWindowSeconds``); scale-up is limited to max(+4 pods, +100 %)
   per 15 s (default ``scaleUp.policies``). Utilisation is the replicas' busy fraction over
   the last 15 s (metrics-server's default resolution); HPA has no default target, the 70 %
-  here is the issue's.
+  here is the project's choice (docs/tuner.md).
 - **Ray Serve** (``ray.serve.config.AutoscalingConfig`` defaults and
   ``ray/serve/autoscaling_policy.py``): ``desired = total ongoing / target_ongoing_requests``
   (2), with ``total`` the mean over ``look_back_period_s`` (30 s) of the ongoing requests
@@ -98,7 +98,7 @@ def _mean(samples: tuple[tuple[float, float], ...]) -> float:
 
 @dataclass(frozen=True, slots=True)
 class HpaSettings:
-    """Kubernetes HPA constants (autoscaling/v2 defaults; the target is the issue's)."""
+    """Kubernetes HPA constants (autoscaling/v2 defaults; the 70 % target is ours)."""
 
     target_utilisation: float = 0.7
     sync_period_s: float = 15.0

@@ -1,11 +1,11 @@
 """The closed-loop simulator's engine: the router's dispatch with replica counts that change
-over time, driven by a scaling policy (issue #4; InferLine §5 tuner, §7 evaluation).
+over time, driven by a scaling policy (InferLine §5 tuner, §7 evaluation).
 
 The planner's estimator (:mod:`sloline.planner.estimator`) simulates one *static*
 configuration stage by stage. A tuner couples the stages through time — its decisions
 depend on queue lengths and arrivals so far, and change the replicas every stage serves
 with — so this is one global event simulation of the same dispatch semantics
-(DESIGN.md, "Data flow"):
+(docs/architecture.md, "One request"):
 
 - one FIFO queue per stage; an idle replica takes ``min(queue, max_batch)`` items; a batch
   occupies its replica for the profiled service time of (hardware, batch) plus the hop;

@@ -1,5 +1,5 @@
 """The closed loop's data: what a scaling policy observes and returns, and what a
-simulation run records (issue #4; InferLine §5, §7).
+simulation run records (InferLine §5, §7).
 
 A policy is a pure ``step(observation, state) -> (targets, state)``
 (:data:`Step`): a frozen :class:`Observation` of the pipeline at one tick and the

@@ -1,6 +1,6 @@
 """What a closed-loop comparison reports, per (trace, policy), and how it renders.
 
-Metrics (issue #4), computed from a :class:`~sloline.tuner.loop.Run`:
+Metrics, computed from a :class:`~sloline.tuner.loop.Run`:
 
 - **SLO attainment**: the fraction of the trace's queries answered within the SLO;
 - **cost**: billed replica-seconds (starting, serving and leaving replicas) times each

@@ -1,5 +1,5 @@
 """``sloline simulate``: scaling policies compared in closed loop on the same traces
-(issue #4; InferLine §7.1-§7.3, Figs. 7, 8, 11-13).
+(InferLine §7.1-§7.3, Figs. 7, 8, 11-13).
 
 For each trace, every policy serves the *same* arrivals and conditional routes through
 the event simulation of :mod:`sloline.tuner.engine`, with a 5 s replica activation delay

@@ -1,4 +1,4 @@
-"""The closed-loop simulator (issue #4): dispatch semantics, replica changes over time, the
+"""The closed-loop simulator: dispatch semantics, replica changes over time, the
 reactive baselines' arithmetic, the traces, the report and the end-to-end comparison."""
 
 from __future__ import annotations
