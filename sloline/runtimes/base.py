@@ -5,8 +5,7 @@ docs/spec-reference.md). Adapters for compiled formats (ONNX, TorchScript) and P
 stages declared `batching: stacked` implement `Runtime`: named arrays stacked on axis 0
 in, named arrays with the same leading dimension out. Python stages declared `batching:
 list` implement `ListRuntime`: one dict per request in, one dict per request out.
-`StageRunner`
-(`runner.py`) does the stacking, splitting and checking around either.
+`StageRunner` (`runner.py`) does the stacking, splitting and checking around either.
 """
 
 from __future__ import annotations
