@@ -38,7 +38,11 @@ from typing import Any, Final
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from sloline.serving.logthrottle import Throttle
+
 log = logging.getLogger(__name__)
+# A flood of refused connections must not flood the log too: one line per 10 s, counted.
+log.addFilter(Throttle())
 
 # File descriptors kept out of the connection caps: worker streams, log files, the
 # metrics port, the profiler's pipes, gRPC's own wake-up fds.
@@ -72,29 +76,6 @@ def _response(status: bytes, message: bytes, retry_after: bool = False) -> bytes
     )
 
 
-class _RefusalLog:
-    """Refused connections, logged at most once per `every_s` (a flood must not flood
-    the log too)."""
-
-    def __init__(self, every_s: float = 10.0) -> None:
-        self.every_s = every_s
-        self.count = 0
-        self.logged_at = -every_s
-
-    def note(self, now: float, limit: int) -> None:
-        self.count += 1
-        if now - self.logged_at >= self.every_s:
-            log.warning(
-                "refused %d HTTP connection(s) in the last %.0f s: %d open is the limit "
-                "(--max-connections)",
-                self.count,
-                min(now - self.logged_at, self.every_s),
-                limit,
-            )
-            self.count, self.logged_at = 0, now
-
-
-_REFUSALS: Final = _RefusalLog()
 REFUSAL_LINGER_S: Final = 1.0
 MAX_LINGERING: Final = 256
 _LINGERING = [0]  # refused connections lingering now
@@ -127,7 +108,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         once would make the client's kernel answer its request with a reset, which many
         clients report instead of the 503. At most `MAX_LINGERING` linger at once; beyond
         them a refused connection is closed at once."""
-        _REFUSALS.note(self.loop.time(), self.limits.max_connections)
+        log.warning(
+            "refused an HTTP connection: %d open is the limit (--max-connections)",
+            self.limits.max_connections,
+        )
         self.connections.discard(self)  # not one of the connections the cap counts
         self._refused = True
         transport.write(self._refusal)
