@@ -39,6 +39,7 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check sloline tests benchmarks examples scripts
 	$(BIN)/ruff format --check sloline
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench-quick: $(BIN)/.installed
 	$(BIN)/python benchmarks/serving.py --quick

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from sloline.tuner.envelope import StreamingEnvelope, window_sizes
+from sloline.common.envelope import StreamingEnvelope, window_sizes
 
 RATES_RPS = (100, 10_000, 1_000_000)
 WINDOWS_S = window_sizes(0.01, 60.0)

@@ -86,10 +86,16 @@ from sloline.serving.process import ChildProcess
 process.use_grpc_iomgr()
 
 from sloline.backends.local import WORKER_NICE  # noqa: E402
-from sloline.calibrate import DRAIN_S, measure_served, run_client  # noqa: E402
-from sloline.calibrate import replay as replay_arrivals  # noqa: E402
+from sloline.common.trace import gamma_arrivals  # noqa: E402
 from sloline.embedded import EmbeddedPipeline, EmbeddedSettings  # noqa: E402
 from sloline.embedded import StageConfig as ServedConfig  # noqa: E402
+from sloline.measure.calibrate import DRAIN_S, measure_served, run_client  # noqa: E402
+from sloline.measure.calibrate import replay as replay_arrivals  # noqa: E402
+from sloline.measure.profiler import (  # noqa: E402
+    ProfilerSettings,
+    load_samples,
+)
+from sloline.measure.session import PlanningSession, plan_pipeline, planning_trace  # noqa: E402
 from sloline.planner.calibration import Calibration, hops  # noqa: E402
 from sloline.planner.config import StageConfig  # noqa: E402
 from sloline.planner.estimator import (  # noqa: E402
@@ -104,13 +110,7 @@ from sloline.planner.profile import (  # noqa: E402
     PipelineProfile,
     StageProfile,
 )
-from sloline.planner.profiler import (  # noqa: E402
-    ProfilerSettings,
-    load_samples,
-)
-from sloline.planner.session import PlanningSession, plan_pipeline, planning_trace  # noqa: E402
 from sloline.planner.topology import Topology  # noqa: E402
-from sloline.planner.trace import gamma_arrivals  # noqa: E402
 from sloline.serving.memory import tune_malloc  # noqa: E402
 from sloline.serving.server import ServerSettings  # noqa: E402
 from sloline.spec import DEFAULT_CATALOG, LoadedPipeline, load_pipeline  # noqa: E402

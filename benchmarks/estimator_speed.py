@@ -34,13 +34,13 @@ from typing import Any
 import numba
 import numpy as np
 
+from sloline.common.trace import gamma_arrivals
 from sloline.planner.config import StageConfig
 from sloline.planner.estimator import ServiceMode, Workload, estimate, service_draws
 from sloline.planner.overhead import ServingOverhead
 from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
 from sloline.planner.queueing import serve
 from sloline.planner.topology import Topology
-from sloline.planner.trace import gamma_arrivals
 
 RESULTS = Path(__file__).parent / "results"
 RATE_RPS = 100.0

@@ -1,5 +1,5 @@
 """The in-process floor of the serving benchmark: the same pipeline called in one process,
-no network, no router, no workers (`sloline.serving.inprocess.InProcessPipeline`).
+no network, no router, no workers (`sloline.measure.inprocess.InProcessPipeline`).
 
 Runs as its own process and speaks the same JSON-lines protocol as `loadgen.py`, so the
 orchestrator treats it like any other system. The three load shapes mean here:
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loadgen import summarize
 
-from sloline.serving.inprocess import InProcessPipeline
+from sloline.measure.inprocess import InProcessPipeline
 from sloline.spec import load_pipeline
 
 

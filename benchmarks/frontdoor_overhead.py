@@ -51,18 +51,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from sloline.serving import codec
-from sloline.serving.grpc_frontdoor import add_inference_service, server_options
-from sloline.serving.http import bind_socket, create_http_app
-from sloline.serving.limits import HttpLimits
-from sloline.serving.server import uvicorn_config
-from sloline.serving.types import (
+from sloline.common.tensors import (
     InferRequest,
     InferResponse,
     ModelMetadata,
     Tensor,
     TensorMetadata,
 )
+from sloline.serving import codec
+from sloline.serving.grpc_frontdoor import add_inference_service, server_options
+from sloline.serving.http import bind_socket, create_http_app
+from sloline.serving.limits import HttpLimits
+from sloline.serving.server import uvicorn_config
 
 MODEL = "echo"
 ECHO_METHOD = "/bench.Echo/Echo"

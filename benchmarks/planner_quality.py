@@ -2,7 +2,7 @@
 
 1. Planner time on 10-stage pipelines with 3 hardware classes (target: under 10 s).
 2. Greedy vs optimum on 50 seeded random pipelines (2-4 stages, 2-3 hardware classes with
-   Clockwork GPU profiles; ``sloline.planner.synthetic``): the cost gap of our planner and
+   Clockwork GPU profiles; ``sloline.lab.synthetic``): the cost gap of our planner and
    of the paper-literal Algorithm 2, with CG-Mean / CG-Peak cost and estimated SLO
    attainment beside (target: within 1.10x of the optimum in >= 90% of cases, never
    infeasible when a feasible plan exists).
@@ -28,9 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sloline.planner.baselines import cg_baselines
+from sloline.lab.cg import cg_baselines
+from sloline.lab.optimum import optimal_config
+from sloline.lab.synthetic import random_problem
 from sloline.planner.evaluator import Evaluator
-from sloline.planner.optimum import optimal_config
 from sloline.planner.planner import (
     InfeasibleError,
     Variant,
@@ -39,7 +40,6 @@ from sloline.planner.planner import (
     plan,
     plan_sweep,
 )
-from sloline.planner.synthetic import random_problem
 
 RESULTS = Path(__file__).parent / "results"
 SLO_FACTORS = (0.8, 0.9, 1.0, 1.15, 1.3, 1.6, 2.0)

@@ -40,11 +40,11 @@ from typing import Any
 
 import numpy as np
 
+from sloline.measure.session import planning_trace
 from sloline.planner.evaluator import Evaluator
 from sloline.planner.planner import plan
 from sloline.planner.problem import PlanningProblem
 from sloline.planner.profile import PipelineProfile
-from sloline.planner.session import planning_trace
 from sloline.spec import load_pipeline
 from sloline.spec.hardware import DEFAULT_CATALOG
 

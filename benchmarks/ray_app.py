@@ -46,7 +46,7 @@ def build_app(pipeline_file: str, max_batch: dict[str, int], threads: dict[str, 
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from sloline.serving.types import DTYPES
+    from sloline.common.tensors import DTYPES
     from sloline.spec import load_pipeline
 
     loaded = load_pipeline(pipeline_file)

@@ -52,11 +52,11 @@ import estimator_accuracy as ea  # first: sets up gRPC as the serving process do
 import numpy as np
 import psutil  # type: ignore[import-untyped]
 
-from sloline import calibrate
 from sloline.backends.local import WORKER_NICE
-from sloline.calibrate import client_process
-from sloline.planner.profiler import ProfilerSettings
-from sloline.planner.trace import gamma_arrivals
+from sloline.common.trace import gamma_arrivals
+from sloline.measure import calibrate
+from sloline.measure.calibrate import client_process
+from sloline.measure.profiler import ProfilerSettings
 from sloline.serving import grpc_frontdoor, process
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -1,6 +1,6 @@
 """The router's CPU per request when requests find it idle, and when they find it busy.
 
-The probe's pipelines (``sloline.planner.probe``: identity stages, batches of one, a gRPC
+The probe's pipelines (``sloline.measure.probe``: identity stages, batches of one, a gRPC
 client in its own process) are served embedded, one after the other, ``--repeats`` times:
 
 - **by stages**: 1, 2 and 3 identity stages in a chain; requests one at a time 5 ms
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from sloline.planner import probe
+from sloline.measure import probe
 from sloline.serving import process
 
 PAYLOAD = {"pixels": np.arange(64, dtype=np.float32)}  # digits-cascade's input

@@ -56,11 +56,11 @@ from systems import (
     SlolineSystem,
 )
 
+from sloline.common.tensors import InferRequest, Tensor
 from sloline.embedded import EmbeddedSettings, stage_configs
 from sloline.runtimes import import_entrypoint
 from sloline.serving import codec
 from sloline.serving.process import GRPC_EXPERIMENTS
-from sloline.serving.types import InferRequest, Tensor
 from sloline.spec import DEFAULT_CATALOG, load_pipeline
 
 HERE = Path(__file__).resolve().parent

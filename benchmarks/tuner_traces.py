@@ -1,7 +1,7 @@
 """The tuner in closed loop against the planner and reactive autoscalers .
 
 Two pipelines, each planned by the planner on a sample of its trace, then served by the
-closed-loop simulator (:mod:`sloline.tuner.simulate`) under every policy, on the same
+closed-loop simulator (:mod:`sloline.lab.simulate`) under every policy, on the same
 seeded traces of four families (InferLine §6-§7): a rate ramp 150 -> 250 rps (Fig. 11),
 CV² 1 -> 4 at 150 rps (Fig. 12), a x2 spike decaying with tau = 60 s (Fig. 7b), and
 AutoScale-style minute-level rates peaking at 300 rps (Fig. 7). Every comparison runs
@@ -16,7 +16,7 @@ reacting: the plan scaled to 3x its replicas at the very instant of the step.
   (InferLine Fig. 3: ResNet-152 at 50.6 qps on a K80; Clockwork's V100 does ~358 qps at
   batch 16); on CPUs the DNNs run 20x slower than at GPU batch 1, without batching gains;
   the light stages gain nothing from a GPU. Prices: cpu-1 $0.05/h, cpu-2 $0.10/h (1.8x
-  faster), gpu $0.90/h (``sloline.planner.synthetic.HARDWARE_COSTS``).
+  faster), gpu $0.90/h (``sloline.lab.synthetic.HARDWARE_COSTS``).
 - ``cpu-text`` (SLO 300 ms): tokenize -> {language id, classifier} -> ranker (a join);
   CPU-only affine batch profiles (a fixed cost plus a per-item cost), cpu-1 and cpu-2.
 
@@ -49,24 +49,24 @@ from typing import Any
 
 import numpy as np
 
-from sloline.planner.clockwork import load_clockwork_profiles
-from sloline.planner.estimator import Workload
-from sloline.planner.planner import plan as make_plan
-from sloline.planner.problem import PlanningProblem
-from sloline.planner.profile import PipelineProfile, StageProfile
-from sloline.planner.synthetic import HARDWARE_COSTS
-from sloline.planner.topology import Topology
-from sloline.tuner.engine import EngineSettings, run_closed_loop
-from sloline.tuner.loop import Observation, Policy, Targets
-from sloline.tuner.report import PolicyResult, SimulationReport
-from sloline.tuner.simulate import (
+from sloline.lab.clockwork import load_clockwork_profiles
+from sloline.lab.engine import EngineSettings, run_closed_loop
+from sloline.lab.loop import Observation, Policy, Targets
+from sloline.lab.report import PolicyResult, SimulationReport
+from sloline.lab.simulate import (
     POLICIES,
     REACTIVE,
     SimulationSettings,
     build_policy,
     simulate,
 )
-from sloline.tuner.traces import Trace, standard_traces
+from sloline.lab.synthetic import HARDWARE_COSTS
+from sloline.lab.traces import Trace, standard_traces
+from sloline.planner.estimator import Workload
+from sloline.planner.planner import plan as make_plan
+from sloline.planner.problem import PlanningProblem
+from sloline.planner.profile import PipelineProfile, StageProfile
+from sloline.planner.topology import Topology
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

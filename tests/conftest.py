@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from sloline.planner.session import PlanningSession
+    from sloline.measure.session import PlanningSession
     from tests.support.kube import KubeEmulator
 
 
@@ -29,8 +29,8 @@ def sleepy_session(tmp_path_factory: pytest.TempPathFactory) -> PlanningSession:
     """The sleepy test pipeline profiled (batch sizes up to 4; ~45 s here) and planned
     once for the live tuner, Prometheus and dashboard tests, as `sloline run` reuses its
     profile cache: they test what is served from a plan, not the profiler."""
-    from sloline.planner.profiler import ProfilerSettings
-    from sloline.planner.session import plan_pipeline
+    from sloline.measure.profiler import ProfilerSettings
+    from sloline.measure.session import plan_pipeline
     from sloline.spec import DEFAULT_CATALOG, load_pipeline
     from tests.support.serve import SLEEPY
 

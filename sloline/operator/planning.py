@@ -222,7 +222,7 @@ def plan_from_profile(target: Target, profile: PipelineProfile, settings: Operat
     from sloline.planner.evaluator import Evaluator
     from sloline.planner.planner import plan
     from sloline.planner.problem import PlanningProblem
-    from sloline.planner.trace import trace_for_workload
+    from sloline.planner.workload import trace_for_workload
 
     graph = target.graph
     arrivals = trace_for_workload(graph.pipeline.spec.workload)

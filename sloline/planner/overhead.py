@@ -15,7 +15,7 @@ machine that hides the three things that shape sloline's tail latency besides th
   take longer than profiled alone.
 
 :class:`ServingOverhead` holds what the profiler measures of these on a real router with
-real workers (``sloline.planner.probe``); the estimator simulates them
+real workers (``sloline.measure.probe``); the estimator simulates them
 (``sloline.planner.shared``).
 """
 

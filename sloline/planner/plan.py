@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sloline.common.envelope import Envelope
 from sloline.planner.config import Config, StageConfig
-from sloline.tuner.envelope import Envelope
 
 __all__ = ["Baseline", "Plan", "StagePlan"]
 

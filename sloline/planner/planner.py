@@ -26,14 +26,14 @@ from typing import Literal
 
 import numpy as np
 
-from sloline.planner.baselines import cg_baselines
+from sloline.common.envelope import Envelope, window_sizes
+from sloline.common.trace import mean_rate_rps
+from sloline.lab.cg import cg_baselines
 from sloline.planner.config import Config, StageConfig
 from sloline.planner.estimator import no_queue_latencies
 from sloline.planner.evaluator import Evaluation, Evaluator
 from sloline.planner.plan import Plan, StagePlan
 from sloline.planner.problem import PlanningProblem
-from sloline.planner.trace import mean_rate_rps
-from sloline.tuner.envelope import Envelope, window_sizes
 
 __all__ = [
     "Action",

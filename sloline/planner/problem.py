@@ -105,7 +105,7 @@ class PlanningProblem:
         if arrivals.ndim != 1 or arrivals.size < 2 or np.any(np.diff(arrivals) < 0.0):
             raise ValueError(
                 "the planning trace must be a sorted 1-D array of at least two arrival times "
-                "(see sloline.planner.trace)"
+                "(see sloline.common.trace)"
             )
         if self.max_replicas < 1:
             raise ValueError(f"max_replicas must be >= 1, got {self.max_replicas}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from sloline.serving.types import DTYPES
+from sloline.common.tensors import DTYPES
 
 # A dimension as a model reports it: a size, or a name / None for a dynamic one.
 Dim = int | str | None

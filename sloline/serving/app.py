@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 
+from sloline.common.envelope import Envelope, StreamingEnvelope, window_sizes
 from sloline.serving.metrics import TargetCollector
 from sloline.serving.router import Router, RouterSettings
 from sloline.serving.server import RouterServer, ServerSettings
 from sloline.spec import LoadedPipeline
-from sloline.tuner.envelope import Envelope, StreamingEnvelope, window_sizes
 
 # The envelope gauges report the max over this look-back; Prometheus adds its own
 # max_over_time on top, so keep it near a scrape interval.

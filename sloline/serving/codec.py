@@ -33,8 +33,7 @@ from typing import Any, Final
 import numpy as np
 import orjson
 
-from sloline.serving.proto import grpc_service_pb2 as pb
-from sloline.serving.types import (
+from sloline.common.tensors import (
     DTYPES,
     InferRequest,
     InferResponse,
@@ -42,6 +41,7 @@ from sloline.serving.types import (
     ModelMetadata,
     Tensor,
 )
+from sloline.serving.proto import grpc_service_pb2 as pb
 
 HEADER_LENGTH: Final = "Inference-Header-Content-Length"
 BINARY_DATA_SIZE: Final = "binary_data_size"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sloline.serving.types import StageFailed, Tensor
+from sloline.common.tensors import StageFailed, Tensor
 from sloline.spec import PipelineGraph
 from sloline.spec.condition import ConditionError
 from sloline.spec.validate import StageNode

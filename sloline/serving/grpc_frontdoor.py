@@ -17,10 +17,10 @@ from typing import Any, Final, NoReturn
 import grpc
 
 import sloline
+from sloline.common.tensors import DataPlane, InferenceError, ModelNotFound
 from sloline.serving import codec
 from sloline.serving.proto import grpc_service_pb2 as pb
 from sloline.serving.proto import grpc_service_pb2_grpc as pb_grpc
-from sloline.serving.types import DataPlane, InferenceError, ModelNotFound
 
 logger = logging.getLogger(__name__)
 

@@ -44,8 +44,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import sloline
-from sloline.serving import codec
-from sloline.serving.types import (
+from sloline.common.tensors import (
     DataPlane,
     InferenceError,
     InvalidInput,
@@ -53,6 +52,7 @@ from sloline.serving.types import (
     Overloaded,
     PayloadTooLarge,
 )
+from sloline.serving import codec
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from sloline.tuner.envelope import Envelope, window_label
+from sloline.common.envelope import Envelope, window_label
 from sloline.tuner.policy import Decision
 
 # Latency buckets from 1 ms to 30 s, dense around typical SLOs.

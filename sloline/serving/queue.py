@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from sloline.serving.types import Tensor
+from sloline.common.tensors import Tensor
 
 
 class QueueFull(Exception):

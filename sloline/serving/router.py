@@ -30,14 +30,7 @@ import grpc
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from sloline.serving import wire
-from sloline.serving.admission import Admission
-from sloline.serving.dag import DagRun, DagShape, ReadyStage
-from sloline.serving.metrics import RouterMetrics, StateCollector
-from sloline.serving.proto import worker_pb2 as pb
-from sloline.serving.queue import QueueFull, StageQueue, Step, WorkItem
-from sloline.serving.stats import RouterStats
-from sloline.serving.types import (
+from sloline.common.tensors import (
     DeadlineExceeded,
     InferenceError,
     InferRequest,
@@ -50,6 +43,13 @@ from sloline.serving.types import (
     Tensor,
     TensorMetadata,
 )
+from sloline.serving import wire
+from sloline.serving.admission import Admission
+from sloline.serving.dag import DagRun, DagShape, ReadyStage
+from sloline.serving.metrics import RouterMetrics, StateCollector
+from sloline.serving.proto import worker_pb2 as pb
+from sloline.serving.queue import QueueFull, StageQueue, Step, WorkItem
+from sloline.serving.stats import RouterStats
 from sloline.spec import PipelineGraph
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from typing import Final
 
 import numpy as np
 
+from sloline.common.tensors import DTYPES, Tensor, datatype_of
 from sloline.serving.proto import worker_pb2 as pb
-from sloline.serving.types import DTYPES, Tensor, datatype_of
 
 SERVICE: Final = "sloline.worker.WorkerService"
 CONNECT: Final = f"/{SERVICE}/Connect"

@@ -42,7 +42,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sloline.tuner.envelope import Envelope
+from sloline.common.envelope import Envelope
 
 __all__ = [
     "Exceedance",

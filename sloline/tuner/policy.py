@@ -55,7 +55,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sloline.tuner.envelope import Envelope, window_sizes
+from sloline.common.envelope import Envelope, window_sizes
 from sloline.tuner.load import (
     Exceedance,
     LoadEstimate,

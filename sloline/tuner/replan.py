@@ -39,12 +39,12 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from sloline.common.envelope import Envelope
 from sloline.planner.config import StageConfig
 from sloline.planner.plan import Plan
 from sloline.planner.planner import InfeasibleError
 from sloline.planner.planner import plan as make_plan
 from sloline.planner.problem import PlanningProblem
-from sloline.tuner.envelope import Envelope
 
 __all__ = ["ReplanSettings", "Replanner", "choose", "plan_recent"]
 

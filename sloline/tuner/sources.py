@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sloline.tuner.envelope import Envelope, StreamingEnvelope
+from sloline.common.envelope import Envelope, StreamingEnvelope
 from sloline.tuner.policy import (
     Decision,
     StageState,

@@ -24,6 +24,13 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sloline.common.tensors import (
+    InferenceError,
+    InferRequest,
+    InvalidInput,
+    Overloaded,
+    Tensor,
+)
 from sloline.serving import codec, wire
 from sloline.serving.admission import MIN_SAMPLES, Admission, ErrorQuantile, StageModel
 from sloline.serving.dag import DagRun
@@ -31,13 +38,6 @@ from sloline.serving.proto import grpc_service_pb2_grpc as grpc_pb
 from sloline.serving.proto import worker_pb2 as pb
 from sloline.serving.router import Router, RouterSettings, WorkerConn
 from sloline.serving.stats import Ring
-from sloline.serving.types import (
-    InferenceError,
-    InferRequest,
-    InvalidInput,
-    Overloaded,
-    Tensor,
-)
 from sloline.spec import load_pipeline
 from tests.support.serve import NOOP, BackgroundPipeline
 

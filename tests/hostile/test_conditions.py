@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 from sloline.cli import main
+from sloline.common.tensors import InferRequest, StageFailed, Tensor
 from sloline.serving import wire
 from sloline.serving.dag import DagRun
 from sloline.serving.proto import worker_pb2 as pb
 from sloline.serving.router import Router, RouterSettings, WorkerConn
-from sloline.serving.types import InferRequest, StageFailed, Tensor
 from sloline.spec import ConditionError, PipelineError, parse_condition, parse_pipeline
 from sloline.spec.condition import MAX_CHARS, MAX_DEPTH
 from tests.support.serve import NOOP, BackgroundPipeline

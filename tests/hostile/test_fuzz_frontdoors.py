@@ -31,8 +31,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sloline.common.tensors import DTYPES
 from sloline.serving.proto import grpc_service_pb2 as pb
-from sloline.serving.types import DTYPES
 from tests.support.serve import RECIPROCAL, BackgroundPipeline
 
 EXAMPLES = 150

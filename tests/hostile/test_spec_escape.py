@@ -264,7 +264,7 @@ def test_the_worker_refuses_escaping_paths(folder: Path) -> None:
 def test_the_probe_pipelines_use_no_internal_entrypoint() -> None:
     """The profiler's probe serves its own stages from a file it writes into its model
     directory, not through an entrypoint into sloline's package."""
-    from sloline.planner.probe import STAGES_MODULE, _pipeline_doc
+    from sloline.measure.probe import STAGES_MODULE, _pipeline_doc
 
     doc = yaml.safe_load(_pipeline_doc({"x": np.ones(2, np.float32)}, ["identity", "hold"], 4))
     entrypoints = [s["model"]["entrypoint"] for s in doc["spec"]["stages"]]

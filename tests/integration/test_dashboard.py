@@ -18,8 +18,8 @@ import numpy as np
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from sloline.planner.session import PlanningSession
-from sloline.tuner.envelope import window_label
+from sloline.common.envelope import window_label
+from sloline.measure.session import PlanningSession
 from tests.integration.test_tuner_live import open_loop
 from tests.support.net import free_port
 from tests.support.prometheus import Prometheus

@@ -20,8 +20,8 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 
 from sloline.cli import CALIBRATION_WARMUP_BATCHES
+from sloline.measure.inprocess import InProcessPipeline
 from sloline.planner.calibration import MIN_BATCHES, Calibration
-from sloline.serving.inprocess import InProcessPipeline
 from sloline.serving.router import RouterSettings
 from sloline.spec import load_pipeline
 from tests.support.net import free_port

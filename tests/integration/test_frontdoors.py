@@ -28,9 +28,7 @@ import uvicorn
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from sloline.serving.grpc_frontdoor import add_inference_service, server_options
-from sloline.serving.http import bind_socket, create_http_app
-from sloline.serving.types import (
+from sloline.common.tensors import (
     InferRequest,
     InferResponse,
     InvalidInput,
@@ -40,6 +38,8 @@ from sloline.serving.types import (
     Tensor,
     TensorMetadata,
 )
+from sloline.serving.grpc_frontdoor import add_inference_service, server_options
+from sloline.serving.http import bind_socket, create_http_app
 
 T = TypeVar("T")
 LIMIT_BYTES = 1024 * 1024  # both doors: small enough to test 413 / RESOURCE_EXHAUSTED cheaply

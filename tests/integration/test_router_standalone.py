@@ -32,8 +32,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from sloline.common.envelope import Envelope
 from sloline.planner.plan import Plan, StagePlan
-from sloline.tuner.envelope import Envelope
 from tests.support.net import free_port
 from tests.support.serve import NOOP
 

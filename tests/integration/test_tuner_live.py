@@ -14,8 +14,8 @@ import pytest
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
-from sloline.planner.profiler import ProfilerSettings
-from sloline.planner.session import PlanningSession, plan_pipeline
+from sloline.measure.profiler import ProfilerSettings
+from sloline.measure.session import PlanningSession, plan_pipeline
 from sloline.spec import DEFAULT_CATALOG, load_pipeline
 from sloline.tuner.replan import ReplanSettings
 from tests.support.serve import BATCHY, SLEEPY, BackgroundPipeline

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from sloline.planner.session import PlanningSession
+from sloline.measure.session import PlanningSession
 from sloline.tuner.policy import StageState, TunerContext, TunerSettings, decide
 from sloline.tuner.sources import PrometheusSource, StreamingSource
 from tests.integration.test_tuner_live import open_loop

@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sloline.measure.profiler import ProfilerSettings, profile_job
 from sloline.planner.profile_message import encode_message
-from sloline.planner.profiler import ProfilerSettings, profile_job
 from sloline.spec import load_catalog, load_pipeline
 
 # Small enough for a test, real enough to plan with: batch sizes 1..4, 3 timed runs each.

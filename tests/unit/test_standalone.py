@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from sloline.common.envelope import Envelope
 from sloline.planner.plan import Plan, StagePlan
 from sloline.serving.router import RouterSettings
 from sloline.serving.server import ServerSettings
 from sloline.spec import PipelineError, load_pipeline
 from sloline.standalone import load_plan, max_batches, replica_prices, standalone_router
-from sloline.tuner.envelope import Envelope
 
 NOOP = Path(__file__).resolve().parents[1] / "support" / "pipelines" / "noop" / "pipeline.yaml"
 

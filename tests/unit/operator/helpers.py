@@ -8,10 +8,10 @@ from typing import Any
 
 import yaml
 
+from sloline.common.envelope import Envelope, window_sizes
 from sloline.operator.naming import Target
 from sloline.operator.settings import OperatorSettings, parse_settings
 from sloline.planner.plan import Plan, StagePlan
-from sloline.tuner.envelope import Envelope, window_sizes
 
 ROOT = Path(__file__).resolve().parents[3]
 NOOP = ROOT / "tests" / "support" / "pipelines" / "noop" / "pipeline.yaml"

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sloline.common.trace import gamma_arrivals
 from sloline.planner.config import StageConfig
 from sloline.planner.estimator import Estimate, Workload, estimate, no_queue_latencies
 from sloline.planner.profile import PipelineProfile, StageProfile
 from sloline.planner.topology import Topology
-from sloline.planner.trace import gamma_arrivals
 
 
 def linear(single_s: float, cap: int = 8, extra_s: float = 0.0) -> StageProfile:

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import yaml
 
+from sloline.common.trace import gamma_arrivals
+from sloline.lab.synthetic import random_problem
 from sloline.planner.plan import Plan
 from sloline.planner.planner import plan
 from sloline.planner.problem import PlanningProblem, StageOverride
 from sloline.planner.profile import PipelineProfile, StageProfile
-from sloline.planner.synthetic import random_problem
-from sloline.planner.trace import gamma_arrivals
 from sloline.spec import DEFAULT_CATALOG, parse_pipeline
 from tests.unit.planner.specs import CASCADE
 

@@ -12,10 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sloline.common.trace import gamma_arrivals
+from sloline.lab.optimum import optimal_config
+from sloline.lab.synthetic import random_problem
 from sloline.planner.config import Config, StageConfig
 from sloline.planner.estimator import Workload, estimate
 from sloline.planner.evaluator import Evaluation, Evaluator
-from sloline.planner.optimum import optimal_config
 from sloline.planner.overhead import ServingOverhead
 from sloline.planner.planner import (
     HEADROOM_MAX,
@@ -28,9 +30,7 @@ from sloline.planner.planner import (
 )
 from sloline.planner.problem import PlanningProblem, StageOverride
 from sloline.planner.profile import PipelineProfile, StageProfile
-from sloline.planner.synthetic import random_problem
 from sloline.planner.topology import Topology
-from sloline.planner.trace import gamma_arrivals
 
 
 def small_problem(seed: int, **changes: object) -> PlanningProblem:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sloline.planner.probe import _serve, batch_cpu_s
+from sloline.measure.probe import _serve, batch_cpu_s
 
 
 def test_a_batch_costs_the_extra_cpu_less_the_wake_up_of_an_idle_router() -> None:

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sloline.planner.clockwork import load_clockwork_profiles
+from sloline.lab.clockwork import load_clockwork_profiles
 from sloline.planner.overhead import ServingOverhead
 from sloline.planner.profile import BatchLatency, IdlePenalty, PipelineProfile, StageProfile
 

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from sloline.lab.synthetic import random_problem
 from sloline.planner.estimator import Workload
 from sloline.planner.evaluator import Evaluator
 from sloline.planner.planner import plan
@@ -24,7 +25,6 @@ from sloline.planner.profile_message import (
     encode_message,
     encode_profile,
 )
-from sloline.planner.synthetic import random_problem
 
 
 def profile_of(hardware: str, sizes: list[int], seed: int = 0, top_s: float = 0.05) -> StageProfile:

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 import yaml
 
-from sloline.planner.overhead import ServingOverhead
-from sloline.planner.planner import plan
-from sloline.planner.profile import PipelineProfile
-from sloline.planner.profiler import (
+from sloline.lab.synthetic import random_problem
+from sloline.measure.profiler import (
     ProfilerSettings,
     _profile_in_worker,
     _save_inputs,
     cached_overhead,
 )
-from sloline.planner.synthetic import random_problem
+from sloline.planner.overhead import ServingOverhead
+from sloline.planner.planner import plan
+from sloline.planner.profile import PipelineProfile
 from sloline.spec import load_pipeline
 from sloline.spec.hardware import EmbeddedPlacement, HardwareClass
 

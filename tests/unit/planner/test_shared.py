@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pytest
 
+from sloline.common.trace import gamma_arrivals
 from sloline.planner.config import StageConfig
 from sloline.planner.estimator import Workload, estimate
 from sloline.planner.overhead import ServingOverhead
 from sloline.planner.profile import IdlePenalty, PipelineProfile, StageProfile
 from sloline.planner.topology import Topology
-from sloline.planner.trace import gamma_arrivals
 
 
 def _overhead(

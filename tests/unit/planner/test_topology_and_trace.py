@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sloline.planner.topology import Topology
-from sloline.planner.trace import (
+from sloline.common.trace import (
     gamma_arrivals,
     mean_rate_rps,
     peak_rate_rps,
-    trace_for_workload,
     trace_from_timestamps,
 )
+from sloline.planner.topology import Topology
+from sloline.planner.workload import trace_for_workload
 from sloline.spec import parse_pipeline
 from sloline.spec.models import WorkloadSpec
 from tests.unit.planner.specs import CASCADE

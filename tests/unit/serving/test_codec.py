@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from sloline.common.tensors import DTYPES, InferRequest, InferResponse, InvalidInput, Tensor
 from sloline.serving import codec
 from sloline.serving.proto import grpc_service_pb2 as pb
-from sloline.serving.types import DTYPES, InferRequest, InferResponse, InvalidInput, Tensor
 
 NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_0123456789", min_size=1, max_size=8)
 SHAPES = hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=4)

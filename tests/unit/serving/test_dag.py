@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sloline.common.tensors import StageFailed, Tensor
 from sloline.serving.dag import DagRun
-from sloline.serving.types import StageFailed, Tensor
 from sloline.spec import parse_pipeline
 from tests.unit.spec.test_validate import BASE, doc
 

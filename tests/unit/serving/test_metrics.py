@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sloline.common.envelope import Envelope, StreamingEnvelope, window_label, window_sizes
 from sloline.serving.metrics import (
     LATENCY_BUCKETS_S,
     RouterMetrics,
@@ -17,7 +18,6 @@ from sloline.serving.metrics import (
     TunerMetrics,
     latency_buckets,
 )
-from sloline.tuner.envelope import Envelope, StreamingEnvelope, window_label, window_sizes
 from sloline.tuner.policy import Decision, TunerSettings
 from sloline.tuner.sources import StageTuning, StreamingSource, Tuner
 from tests.support.metrics import exported_metrics

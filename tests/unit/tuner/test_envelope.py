@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sloline.tuner.envelope import Envelope, StreamingEnvelope, trace_envelope, window_sizes
+from sloline.common.envelope import Envelope, StreamingEnvelope, trace_envelope, window_sizes
 
 # Timestamps on a 1/1024 s grid and power-of-two windows are exact in float64, so the
 # brute-force counts below and the estimator's bucket edges agree bit for bit.

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from sloline.tuner.envelope import Envelope, window_sizes
+from sloline.common.envelope import Envelope, window_sizes
 from sloline.tuner.load import (
     LoadEstimate,
     equivalent_rate,

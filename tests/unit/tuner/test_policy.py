@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sloline.tuner.envelope import Envelope, window_sizes
+from sloline.common.envelope import Envelope, window_sizes
 from sloline.tuner.policy import (
     StageState,
     TunerContext,

@@ -10,10 +10,10 @@ import pickle
 import numpy as np
 import pytest
 
+from sloline.lab.synthetic import random_problem
 from sloline.planner.config import StageConfig
 from sloline.planner.plan import Plan
 from sloline.planner.planner import plan
-from sloline.planner.synthetic import random_problem
 from sloline.tuner.replan import ReplanSettings, choose
 
 PRICES = {"cpu-1": 0.05, "cpu-2": 0.10}

@@ -12,14 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sloline.planner.config import StageConfig
-from sloline.planner.estimator import ServiceMode, Workload, estimate
-from sloline.planner.planner import plan
-from sloline.planner.problem import PlanningProblem
-from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
-from sloline.planner.synthetic import random_problem
-from sloline.planner.topology import Topology
-from sloline.tuner.baselines import (
+from sloline.lab.autoscalers import (
     AutoScaleSettings,
     HpaSettings,
     HpaStage,
@@ -33,12 +26,12 @@ from sloline.tuner.baselines import (
     kpa_step,
     ray_step,
 )
-from sloline.tuner.engine import EngineSettings, run_closed_loop
-from sloline.tuner.loop import Observation, Policy, StageView
-from sloline.tuner.replan import ReplanSettings
-from sloline.tuner.report import SimulationReport, recovery_times, rolling_tail
-from sloline.tuner.simulate import POLICIES, SimulationSettings, build_policy, simulate
-from sloline.tuner.traces import (
+from sloline.lab.engine import EngineSettings, run_closed_loop
+from sloline.lab.loop import Observation, Policy, StageView
+from sloline.lab.report import SimulationReport, recovery_times, rolling_tail
+from sloline.lab.simulate import POLICIES, SimulationSettings, build_policy, simulate
+from sloline.lab.synthetic import random_problem
+from sloline.lab.traces import (
     Trace,
     autoscale_trace,
     burst_trace,
@@ -46,6 +39,13 @@ from sloline.tuner.traces import (
     ramp_trace,
     spike_trace,
 )
+from sloline.planner.config import StageConfig
+from sloline.planner.estimator import ServiceMode, Workload, estimate
+from sloline.planner.planner import plan
+from sloline.planner.problem import PlanningProblem
+from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
+from sloline.planner.topology import Topology
+from sloline.tuner.replan import ReplanSettings
 
 TICK = 1.0 / 64.0
 

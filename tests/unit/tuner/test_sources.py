@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sloline.tuner.envelope import Envelope, StreamingEnvelope, window_label, window_sizes
+from sloline.common.envelope import Envelope, StreamingEnvelope, window_label, window_sizes
 from sloline.tuner.load import equivalent_rate, fluctuations
 from sloline.tuner.policy import TunerSettings
 from sloline.tuner.sources import (

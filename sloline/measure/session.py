@@ -14,14 +14,15 @@ from pathlib import Path
 
 import numpy as np
 
+from sloline.common.trace import trace_from_timestamps
+from sloline.measure.profiler import ProfilerSettings, profile_pipeline
 from sloline.planner.estimator import Estimate
 from sloline.planner.evaluator import Evaluator
 from sloline.planner.plan import Plan
 from sloline.planner.planner import plan
 from sloline.planner.problem import PlanningProblem
 from sloline.planner.profile import PipelineProfile
-from sloline.planner.profiler import ProfilerSettings, profile_pipeline
-from sloline.planner.trace import trace_for_workload, trace_from_timestamps
+from sloline.planner.workload import trace_for_workload
 from sloline.spec import HardwareCatalog, Issue, LoadedPipeline, PipelineError
 
 

@@ -5,9 +5,9 @@ A policy is a pure ``step(observation, state) -> (targets, state)``
 (:data:`Step`): a frozen :class:`Observation` of the pipeline at one tick and the
 policy's own frozen state in, one target replica count per stage out — the shape of
 :func:`sloline.tuner.policy.decide` and of Ray Serve's autoscaling policies. The engine
-(:mod:`sloline.tuner.engine`) produces the observations and applies the targets; the
-baselines (:mod:`sloline.tuner.baselines`) and the InferLine tuner's adapter
-(:mod:`sloline.tuner.simulate`) are such steps.
+(:mod:`sloline.lab.engine`) produces the observations and applies the targets; the
+baselines (:mod:`sloline.lab.autoscalers`) and the InferLine tuner's adapter
+(:mod:`sloline.lab.simulate`) are such steps.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from sloline.common.envelope import Envelope
 from sloline.planner.config import StageConfig
-from sloline.tuner.envelope import Envelope
 
 __all__ = ["Observation", "Policy", "Run", "ScaleEvent", "StageView", "Step", "Targets"]
 
@@ -62,7 +62,7 @@ class Observation:
 Targets = tuple[int | StageConfig, ...]
 """Per stage, a replica count for its configuration, or a configuration: another hardware
 class or max batch makes the engine start ``replicas`` of it and hand over once they serve
-(:meth:`sloline.tuner.engine._Simulation._reconfigure`)."""
+(:meth:`sloline.lab.engine._Simulation._reconfigure`)."""
 Step = Callable[[Observation, Any], tuple[Targets, Any]]
 """``step(observation, state) -> (targets per stage, new state)``: a pure policy."""
 
@@ -100,7 +100,7 @@ class Run:
     """One simulation: per-query latency (arrival order), per-tick replica counts
     ``[tick, stage]`` (desired, ready and billed = starting + ready + leaving), billed
     replica-seconds per stage over ``[0, horizon_s]``, the cost over it (at
-    :attr:`EngineSettings.prices_per_hour <sloline.tuner.engine.EngineSettings>`) and the
+    :attr:`EngineSettings.prices_per_hour <sloline.lab.engine.EngineSettings>`) and the
     billed cost rate per tick, and the scaling events."""
 
     latencies_s: FloatArray

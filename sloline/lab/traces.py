@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from sloline.planner.trace import gamma_arrivals, trace_from_timestamps
+from sloline.common.trace import gamma_arrivals, trace_from_timestamps
 
 __all__ = [
     "Trace",

@@ -1,6 +1,6 @@
 """What a closed-loop comparison reports, per (trace, policy), and how it renders.
 
-Metrics, computed from a :class:`~sloline.tuner.loop.Run`:
+Metrics, computed from a :class:`~sloline.lab.loop.Run`:
 
 - **SLO attainment**: the fraction of the trace's queries answered within the SLO;
 - **cost**: billed replica-seconds (starting, serving and leaving replicas) times each
@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from sloline.lab.loop import Run
+from sloline.lab.traces import Trace
 from sloline.planner.config import StageConfig
-from sloline.tuner.loop import Run
-from sloline.tuner.traces import Trace
 
 __all__ = ["PolicyResult", "SimulationReport", "recovery_times", "rolling_tail"]
 

@@ -1,7 +1,7 @@
 """Reactive autoscalers that the InferLine tuner is compared with, as pure functions.
 
 Each baseline is ``step(observation, state, settings) -> (targets, state)``: a frozen
-:class:`~sloline.tuner.loop.Observation` and the baseline's own frozen state in, one
+:class:`~sloline.lab.loop.Observation` and the baseline's own frozen state in, one
 target replica count per stage and the new state out — no clock, no I/O. Every constant
 is a setting whose default is the system's documented default (sources below). Per-stage
 autoscalers (HPA, Ray Serve, Knative) scale each stage as its own deployment; the
@@ -52,12 +52,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
+from sloline.common.trace import gamma_arrivals
+from sloline.lab.loop import Observation, StageView, Targets
 from sloline.planner.config import StageConfig
 from sloline.planner.estimator import Workload, estimate
 from sloline.planner.planner import InfeasibleError
 from sloline.planner.problem import PlanningProblem
-from sloline.planner.trace import gamma_arrivals
-from sloline.tuner.loop import Observation, StageView, Targets
 
 __all__ = [
     "AutoScaleSettings",

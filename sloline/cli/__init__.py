@@ -33,12 +33,12 @@ from sloline.spec import (
 if TYPE_CHECKING:
     import numpy as np
 
-    from sloline.calibrate import Arrays
+    from sloline.measure.calibrate import Arrays
+    from sloline.measure.session import PlanningSession
     from sloline.planner.calibration import Calibration
     from sloline.planner.estimator import Estimate
     from sloline.planner.plan import Plan
     from sloline.planner.profile import PipelineProfile
-    from sloline.planner.session import PlanningSession
     from sloline.tuner.replan import ReplanSettings
 
 EXIT_INVALID = 2
@@ -196,8 +196,8 @@ def _replan_settings(args: argparse.Namespace) -> ReplanSettings | None:
 
 def _calibrate(pipeline: object, profile: PipelineProfile, since: float, path: Path) -> None:
     """Measure a calibration from the router's records since ``since`` and write it."""
-    from sloline.calibrate import measure_served
     from sloline.embedded import EmbeddedPipeline
+    from sloline.measure.calibrate import measure_served
 
     assert isinstance(pipeline, EmbeddedPipeline)
     try:
@@ -214,10 +214,10 @@ def _calibrate(pipeline: object, profile: PipelineProfile, since: float, path: P
 async def _serve(
     pipeline: object, args: argparse.Namespace, profile: PipelineProfile | None = None
 ) -> int:
+    from sloline.cli.status import render_status
     from sloline.embedded import EmbeddedPipeline
     from sloline.serving import process
     from sloline.serving.stats import Window
-    from sloline.serving.status import render_status
 
     assert isinstance(pipeline, EmbeddedPipeline)
     stop = asyncio.Event()
@@ -424,7 +424,7 @@ def _catalog(args: argparse.Namespace) -> HardwareCatalog:
 
 
 def _profile(args: argparse.Namespace, loaded: LoadedPipeline) -> PipelineProfile:
-    from sloline.planner.profiler import ProfilerSettings, profile_pipeline
+    from sloline.measure.profiler import ProfilerSettings, profile_pipeline
 
     settings = ProfilerSettings(
         hardware=tuple(args.profile_hardware.split(",")) if args.profile_hardware else (),
@@ -491,7 +491,7 @@ def _plan(
 ) -> PlanningSession:
     """Profile (cached), apply ``--calibration`` if given (or ``calibration``, already
     loaded), and plan; `main` reports an InfeasibleError."""
-    from sloline.planner.session import plan_pipeline
+    from sloline.measure.session import plan_pipeline
 
     calibration = calibration or _load_calibration(args, loaded)
     profile = profile or _profile(args, loaded)
@@ -510,7 +510,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from sloline.planner.session import plot_latency_cdf
+    from sloline.measure.session import plot_latency_cdf
 
     session = _plan(args, load_pipeline(args.file))
     print(session.plan.to_table())
@@ -527,9 +527,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from sloline.embedded import check_models
+    from sloline.measure.profiler import ProfilerSettings, load_samples
+    from sloline.measure.session import plan_pipeline, planning_trace
     from sloline.planner.planner import InfeasibleError
-    from sloline.planner.profiler import ProfilerSettings, load_samples
-    from sloline.planner.session import plan_pipeline, planning_trace
 
     loaded = load_pipeline(args.file)
     if not args.duration > 0.0:
@@ -599,7 +599,7 @@ def _calibration_round(
 
     import numpy as np
 
-    from sloline.calibrate import measure_in_situ
+    from sloline.measure.calibrate import measure_in_situ
     from sloline.planner.topology import Topology
     from sloline.serving import process
 
@@ -654,8 +654,8 @@ def _estimate_on(
 def cmd_simulate(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from sloline.tuner.simulate import POLICIES, simulate
-    from sloline.tuner.traces import Trace, standard_traces
+    from sloline.lab.simulate import POLICIES, simulate
+    from sloline.lab.traces import Trace, standard_traces
 
     session = _plan(args, load_pipeline(args.file))
     families = {t.name: t for t in standard_traces(session.plan.rate_rps, scale=args.scale)}
@@ -694,7 +694,7 @@ def cmd_profile_stage(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from sloline.planner.profiler import measure_stage
+    from sloline.measure.profiler import measure_stage
 
     if args.cpus:
         os.sched_setaffinity(0, [int(c) for c in args.cpus.split(",")])
@@ -744,8 +744,8 @@ def cmd_profile_job(args: argparse.Namespace) -> int:
 
 
 def _profile_job_message(args: argparse.Namespace) -> str:
+    from sloline.measure.profiler import ProfilerSettings, profile_job
     from sloline.planner.profile_message import encode_message
-    from sloline.planner.profiler import ProfilerSettings, profile_job
 
     if args.hop_requests and args.hop_requests < 50:
         raise PipelineError([Issue("--hop-requests", "use 0 (skip) or at least 50")], "flags")

@@ -78,7 +78,7 @@ def hold(inputs: Arrays) -> Arrays:
 def _pipeline_doc(payload: Arrays, stages: list[str], max_batch: int) -> str:
     """A pipeline of ``stages`` (``identity`` or ``hold``) in a chain, their entrypoints in
     the module ``_serve`` writes beside it."""
-    from sloline.serving.types import datatype_of
+    from sloline.common.tensors import datatype_of
 
     tensors: list[dict[str, Any]] = [
         {"name": k, "datatype": datatype_of(v), "shape": list(v.shape)} for k, v in payload.items()
@@ -121,9 +121,9 @@ def _client_process(conn: Connection, url: str, payload: Arrays) -> None:
     """A plain gRPC client (the Open Inference Protocol stubs) answering commands."""
     import grpc
 
+    from sloline.common.tensors import datatype_of
     from sloline.serving.proto import grpc_service_pb2 as pb
     from sloline.serving.proto import grpc_service_pb2_grpc as pb_grpc
-    from sloline.serving.types import datatype_of
 
     request = pb.ModelInferRequest(model_name="probe")
     for name, value in payload.items():
@@ -177,7 +177,7 @@ async def _serve(
         # Entrypoints load only files in the model directory (sloline.spec.paths), never
         # sloline's own modules: the stages are re-exported from a file written there.
         (Path(tmp) / f"{STAGES_MODULE}.py").write_text(
-            "from sloline.planner.probe import hold, identity  # noqa: F401\n"
+            "from sloline.measure.probe import hold, identity  # noqa: F401\n"
         )
         spec_file.write_text(_pipeline_doc(payload, stages, max_batch))
         settings = EmbeddedSettings(server=ServerSettings(http_port=0, grpc_port=0), tuner=False)
@@ -250,7 +250,7 @@ async def _through_front_door(
 
 
 async def _in_process(served: Served, payload: Arrays, count: int, gap_s: float) -> _Run:
-    from sloline.serving.types import InferRequest, Tensor
+    from sloline.common.tensors import InferRequest, Tensor
 
     request = InferRequest("probe", {k: Tensor.from_array(v) for k, v in payload.items()})
     for _ in range(30):

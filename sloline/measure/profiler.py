@@ -45,12 +45,12 @@ from typing import Any
 
 import numpy as np
 
+from sloline.measure.inprocess import InProcessPipeline
+from sloline.measure.probe import measure_overhead
 from sloline.planner.overhead import ServingOverhead
-from sloline.planner.probe import measure_overhead
 from sloline.planner.profile import BatchLatency, IdlePenalty, PipelineProfile, StageProfile
 from sloline.planner.profile_message import ProfileMessage
 from sloline.runtimes import StageRunner, import_entrypoint, load_pipeline_stage
-from sloline.serving.inprocess import InProcessPipeline
 from sloline.spec import HardwareCatalog, HardwareClass, Issue, LoadedPipeline, PipelineError
 from sloline.spec.paths import PathEscape, locate_module
 
@@ -112,7 +112,7 @@ def load_samples(loaded: LoadedPipeline, limit: int) -> list[Arrays]:
 
 
 def _dtype(datatype: str) -> np.dtype[Any]:
-    from sloline.serving.types import DTYPES
+    from sloline.common.tensors import DTYPES
 
     return DTYPES[datatype]
 

@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from sloline.common.tensors import Tensor
 from sloline.runtimes import StageRunner, load_pipeline_stage
 from sloline.serving.dag import DagRun, ReadyStage
-from sloline.serving.types import Tensor
 from sloline.spec import LoadedPipeline
 
 Arrays = dict[str, np.ndarray]

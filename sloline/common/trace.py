@@ -11,21 +11,16 @@ reproducible.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from sloline.tuner.envelope import trace_envelope
-
-if TYPE_CHECKING:
-    from sloline.spec.models import WorkloadSpec
+from sloline.common.envelope import trace_envelope
 
 __all__ = [
     "gamma_arrivals",
     "mean_rate_rps",
     "peak_rate_rps",
-    "trace_for_workload",
     "trace_from_timestamps",
 ]
 
@@ -66,26 +61,6 @@ def trace_from_timestamps(timestamps_s: npt.ArrayLike) -> Trace:
         raise ValueError("arrival timestamps must be finite seconds (found NaN or inf)")
     shifted: Trace = times - times[0]
     return shifted
-
-
-def trace_for_workload(workload: WorkloadSpec) -> Trace:
-    """The planning trace a pipeline's ``spec.workload`` describes.
-
-    An inline ``trace`` wins over ``rateRps``; a ``traceUri`` must be read by the caller
-    (this module does no I/O) and passed to :func:`trace_from_timestamps`.
-    """
-    if workload.trace is not None:
-        return trace_from_timestamps(workload.trace)
-    if workload.rate_rps is not None:
-        return gamma_arrivals(
-            workload.rate_rps, workload.duration_s, cv2=workload.cv2, seed=workload.seed
-        )
-    if workload.trace_uri is not None:
-        raise ValueError(
-            f"workload trace {workload.trace_uri!r} must be read by the caller; pass its "
-            "timestamps to trace_from_timestamps()"
-        )
-    raise ValueError("spec.workload needs rateRps or a trace to plan for")
 
 
 def mean_rate_rps(arrivals_s: Trace) -> float:

@@ -2,7 +2,7 @@
 (InferLine §7.1-§7.3, Figs. 7, 8, 11-13).
 
 For each trace, every policy serves the *same* arrivals and conditional routes through
-the event simulation of :mod:`sloline.tuner.engine`, with a 5 s replica activation delay
+the event simulation of :mod:`sloline.lab.engine`, with a 5 s replica activation delay
 (InferLine §5). The policies:
 
 - ``plan``: the planner's plan for the trace's planning sample, never changed
@@ -21,7 +21,7 @@ the event simulation of :mod:`sloline.tuner.engine`, with a 5 s replica activati
 - ``hpa``, ``ray-serve``, ``knative-kpa``: the plan, each stage scaled by that system's
   default autoscaler (InferLine §7.3's "InferLine Plan + Baseline Tune" shape).
 
-:mod:`sloline.tuner.baselines` documents each baseline and the source of every default.
+:mod:`sloline.lab.autoscalers` documents each baseline and the source of every default.
 """
 
 from __future__ import annotations
@@ -34,15 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from sloline.planner.baselines import cg_baseline
-from sloline.planner.config import StageConfig
-from sloline.planner.estimator import Workload
-from sloline.planner.evaluator import Evaluator
-from sloline.planner.plan import Baseline, Plan
-from sloline.planner.planner import InfeasibleError
-from sloline.planner.planner import plan as make_plan
-from sloline.planner.problem import PlanningProblem
-from sloline.tuner.baselines import (
+from sloline.lab.autoscalers import (
     AutoScaleSettings,
     HpaSettings,
     HpaStage,
@@ -56,8 +48,18 @@ from sloline.tuner.baselines import (
     packing_factor,
     ray_step,
 )
-from sloline.tuner.engine import EngineSettings, run_closed_loop
-from sloline.tuner.loop import Observation, Policy, Targets
+from sloline.lab.cg import cg_baseline
+from sloline.lab.engine import EngineSettings, run_closed_loop
+from sloline.lab.loop import Observation, Policy, Targets
+from sloline.lab.report import PolicyResult, SimulationReport, recovery_times, rolling_tail
+from sloline.lab.traces import Trace
+from sloline.planner.config import StageConfig
+from sloline.planner.estimator import Workload
+from sloline.planner.evaluator import Evaluator
+from sloline.planner.plan import Baseline, Plan
+from sloline.planner.planner import InfeasibleError
+from sloline.planner.planner import plan as make_plan
+from sloline.planner.problem import PlanningProblem
 from sloline.tuner.policy import (
     StageState,
     TunerContext,
@@ -67,8 +69,6 @@ from sloline.tuner.policy import (
     estimate_load,
 )
 from sloline.tuner.replan import ReplanSettings, choose, plan_recent
-from sloline.tuner.report import PolicyResult, SimulationReport, recovery_times, rolling_tail
-from sloline.tuner.traces import Trace
 
 __all__ = [
     "POLICIES",
@@ -100,7 +100,7 @@ class SimulationSettings:
     and largest window of the plan's envelope, one decision per tick, every other field
     at its default); the engine observes the envelope and λ windows as the tuner's
     settings say, for every policy; ``packing_factor``
-    None profiles AutoScale's p with :func:`sloline.tuner.baselines.packing_factor`;
+    None profiles AutoScale's p with :func:`sloline.lab.autoscalers.packing_factor`;
     ``packing_factor_scale`` multiplies that p (given or profiled): AutoScale's cost knob,
     > 1 packs more requests into a unit (fewer units, less headroom), < 1 fewer.
     Baselines' replica bounds are replaced by each stage's bounds from the problem.

@@ -15,11 +15,11 @@ from functools import cache
 
 import numpy as np
 
-from sloline.planner.clockwork import load_clockwork_profiles
+from sloline.common.trace import gamma_arrivals
+from sloline.lab.clockwork import load_clockwork_profiles
 from sloline.planner.problem import PlanningProblem
 from sloline.planner.profile import PipelineProfile, StageProfile
 from sloline.planner.topology import Topology
-from sloline.planner.trace import gamma_arrivals
 
 __all__ = ["HARDWARE_COSTS", "random_problem"]
 

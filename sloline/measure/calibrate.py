@@ -144,9 +144,9 @@ async def _client_main(
 ) -> None:
     import grpc
 
+    from sloline.common.tensors import datatype_of
     from sloline.serving.proto import grpc_service_pb2 as pb
     from sloline.serving.proto import grpc_service_pb2_grpc as pb_grpc
-    from sloline.serving.types import datatype_of
 
     requests = []
     for i in range(ids or len(payloads)):

@@ -18,7 +18,7 @@ with — so this is one global event simulation of the same dispatch semantics
   estimator's bit for bit (``tests/unit/tuner/test_simulate.py``).
 
 What changes over time. Every ``tick_s`` the policy sees an
-:class:`~sloline.tuner.loop.Observation` (queue lengths, busy and ready replica-seconds
+:class:`~sloline.lab.loop.Observation` (queue lengths, busy and ready replica-seconds
 and mean ongoing requests over the last tick, how long each replica has been idle,
 requests in the system, and — for the InferLine tuner — the streaming traffic envelope
 of the arrivals so far) and returns a target replica count per stage. A scale-up starts
@@ -49,13 +49,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sloline.common.envelope import StreamingEnvelope
+from sloline.lab.loop import Observation, Policy, Run, ScaleEvent, StageView, Targets
 from sloline.planner.config import StageConfig
 from sloline.planner.estimator import ServiceMode, Workload, service_draws
 from sloline.planner.profile import PipelineProfile
 from sloline.planner.queueing import ServiceDraws
 from sloline.planner.topology import Topology
-from sloline.tuner.envelope import StreamingEnvelope
-from sloline.tuner.loop import Observation, Policy, Run, ScaleEvent, StageView, Targets
 
 __all__ = ["EngineSettings", "run_closed_loop"]
 

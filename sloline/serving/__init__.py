@@ -1,0 +1,1 @@
+"""The data plane: front doors, the router and its per-stage queues, the worker channel."""
