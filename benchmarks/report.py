@@ -183,7 +183,7 @@ def _med(entry: dict[str, Any] | None, metric: str) -> float | None:
 
 
 def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue #2's targets, evaluated on the medians (None = not measured this run)."""
+    """The serving benchmark's targets, evaluated on the medians (None = not measured this run)."""
     out = []
     main = summary["main"]
     for workload in ("noop-64B", "noop-602KB"):

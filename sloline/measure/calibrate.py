@@ -59,12 +59,11 @@ def run_client(main: Coroutine[Any, Any, T]) -> T:
     load generators that :func:`replay` paces.
 
     asyncio's default loop waits in epoll, whose timeout is whole milliseconds, rounded
-    up: a sleep until a send time ends up to 1 ms late, so the client had to poll the
-    loop for the last 1.5 ms before every send. At 200 requests per second that polling
-    used 0.18 of the 2 cores the pipeline runs on, beside it and unsimulated. select(2)
+    up: a sleep until a send time ends up to 1 ms late, and polling the loop for that
+    last millisecond before every send costs CPU beside the pipeline that the estimator
+    does not simulate (docs/benchmarks.md, "Micro-benchmarks behind design choices"). select(2)
     takes its timeout in microseconds (the client has a handful of descriptors, far below
-    its limit), so the client sleeps until 0.3 ms before each send and polls only that:
-    0.07 cores at 200 rps, and sends as punctual (median 0.1 ms late)."""
+    its limit), so the client sleeps until 0.3 ms before each send and polls only that."""
     with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(SelectSelector())) as r:
         return r.run(main)
 

@@ -27,9 +27,8 @@ time, the worker's CPU time, the client's latencies and the router's own latenci
   the bursts less a stage visit's.
 
 Everything else is measured at idle (requests spaced by ``gap_s``). Under load the hops and the
-request path are longer, not shorter: at the examples' planned loads a hop took 0.75-0.95
-ms at the median and 2-8 ms at the P99 against 0.03-0.21 and 0.6-1.1 ms here, so estimates
-from these samples are optimistic (docs/planner.md, "Estimator vs reality").
+request path are longer, not shorter: at the examples' planned loads a hop took several
+times as long as here, so estimates from these samples are optimistic (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The profiler times each stage alone, in a quiet worker, one batch at a time. Served at
 load, a worker shares the host with the router, the other workers and the clients: a
 batch then takes longer than its profile (wake-ups, gRPC, caches), and a hop takes far
-longer than the idle probe's (docs/planner.md, "Estimator vs reality": in-situ hops of
-0.75-0.95 ms at the median against 0.03-0.21 ms idle). A :class:`Calibration` records, from
+longer than the idle probe's (several times as long: docs/benchmarks.md, "Micro-benchmarks
+behind design choices"). A :class:`Calibration` records, from
 the router's own per-batch records of a real run:
 
 - per stage, the mean model time per batch beyond the profile's P50 at the sizes of the

@@ -15,9 +15,8 @@ that send the whole body before reading get their 413), for at most the body tim
 
 Plain Starlette rather than FastAPI: there is no request model to validate (the codec
 does that faster than pydantic) and no dependency injection to resolve. Routing one POST
-through the ASGI app in-process (benchmarks/frontdoor_overhead.py, "ASGI dispatch", 2
-shared cores; quieter runs) costs 58-67 us with a FastAPI-decorated route, 19-21 us with
-a plain route inside FastAPI, and 10-11 us with Starlette. Starlette's own 404 / 405
+through the ASGI app in-process costs Starlette about half what it costs FastAPI
+(docs/benchmarks.md, "Micro-benchmarks behind design choices"). Starlette's own 404 / 405
 are answered in the same `{"error": ...}` shape. `POST .../infer`, the one hot route,
 skips even Starlette: the app matches it first and answers it on raw ASGI
 (`_InferEndpoint`), which is also the route's endpoint inside Starlette, so other
@@ -301,7 +300,7 @@ async def _http_exception(_: Request, exc: Exception) -> Response:
 
 class _InferFirst:
     """`POST /v2/models/{name}[/versions/{version}]/infer` straight to its endpoint; every
-    other request through Starlette (its middleware and routing cost ~10 us a request)."""
+    other request through Starlette (whose middleware and routing the hot route skips)."""
 
     def __init__(self, app: Starlette, infer: _InferEndpoint) -> None:
         self._app = app

@@ -3,8 +3,8 @@
 By default glibc serves every allocation over 128 KiB-32 MiB (dynamic) with a fresh mmap
 and returns it on free, so each 602 KB request costs several mmaps and ~150 page faults
 per copy. Raising the mmap and trim thresholds keeps those buffers on the heap and reuses
-them: the gRPC front door's p50 for 602 KB fell from 3.2 ms to 1.4 ms in
-benchmarks/frontdoor_overhead.py. The price is up to 4 x threshold of freed memory kept
+them (the gain on 602 KB requests: docs/benchmarks.md, "Micro-benchmarks behind design
+choices"). The price is up to 4 x threshold of freed memory kept
 by the process instead of returned to the OS.
 """
 

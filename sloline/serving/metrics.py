@@ -84,7 +84,7 @@ class Series:
     """One histogram series kept as plain numbers on the request path.
 
     prometheus_client's `Histogram.observe` takes a lock and walks the buckets in Python
-    (~5 us); this is a C bisect and two additions. Only the router's event loop writes;
+    (docs/benchmarks.md); this is a C bisect and two additions. Only the router's event loop writes;
     a scrape on that loop reads a consistent snapshot, one from another thread at worst
     a count one observation behind its buckets.
     """

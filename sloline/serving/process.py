@@ -14,9 +14,8 @@ process of its own (the profiler's and the calibration's clients).
   does socket I/O on its own threads, so each message on a worker stream passes one
   more thread (and, on a VM, one more costly wake-up) on each side. With the I/O manager
   that grpcio used before, the thread waiting for completions polls the sockets itself.
-  Measured on 2 vCPUs: raw grpc.aio stream ping-pong 0.36-0.41 -> 0.22-0.28 ms, client
-  CPU per round trip 0.24 -> 0.17 ms; a sloline hop (64 B) 1.0 -> 0.78 ms. grpc keeps the
-  switch as an experiment it plans to remove (grpc/grpc#42150); once it is gone this
+  It makes a hop about a fifth faster (docs/benchmarks.md, "Micro-benchmarks behind
+  design choices"). grpc keeps the switch as an experiment it plans to remove; then this
   setting does nothing. A `GRPC_EXPERIMENTS` already in the environment wins.
 """
 
