@@ -58,7 +58,7 @@ from sloline.common.tensors import (
     Tensor,
     TensorMetadata,
 )
-from sloline.serving import codec
+from sloline.serving import grpc_codec, rest_codec
 from sloline.serving.grpc_frontdoor import add_inference_service, server_options
 from sloline.serving.http import bind_socket, create_http_app
 from sloline.serving.limits import HttpLimits
@@ -83,10 +83,13 @@ class EchoPlane:
     def ready(self) -> bool:
         return True
 
-    def model_ready(self, _name: str) -> bool:
+    def check_model(self, _name: str, _version: str = "") -> None:
+        pass
+
+    def model_ready(self, _name: str, _version: str = "") -> bool:
         return True
 
-    def model_metadata(self, _name: str) -> ModelMetadata:
+    def model_metadata(self, _name: str, _version: str = "") -> ModelMetadata:
         return self.metadata
 
     async def infer(self, request: InferRequest) -> InferResponse:
@@ -246,9 +249,9 @@ async def run_payload(
     args: argparse.Namespace,
 ) -> list[list[str]]:  # fmt: skip
     x = Tensor.from_array(np.random.default_rng(0).random(shape, dtype=np.float32))
-    request = InferRequest(MODEL, {"x": x}, parameters={codec.BINARY_DATA_OUTPUT: True})
-    rest = codec.encode_rest_request(request, binary=True)
-    grpc_body = codec.request_to_proto(request).SerializeToString()
+    request = InferRequest(MODEL, {"x": x}, parameters={rest_codec.BINARY_DATA_OUTPUT: True})
+    rest = rest_codec.encode_rest_request(request, binary=True)
+    grpc_body = grpc_codec.request_to_proto(request).SerializeToString()
     grpc_infer = channel.unary_unary(INFER_METHOD)
     grpc_echo = channel.unary_unary(ECHO_METHOD)
     assert len(await grpc_infer(grpc_body)) > x.nbytes, "gRPC door answered no tensor"

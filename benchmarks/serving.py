@@ -59,7 +59,7 @@ from systems import (
 from sloline.common.tensors import InferRequest, Tensor
 from sloline.embedded import EmbeddedSettings, stage_configs
 from sloline.runtimes import import_entrypoint
-from sloline.serving import codec
+from sloline.serving import rest_codec
 from sloline.serving.process import GRPC_EXPERIMENTS
 from sloline.spec import DEFAULT_CATALOG, load_pipeline
 
@@ -117,15 +117,15 @@ def make_workload(name: str, group: str, pipeline_file: Path, inputs: dict[str, 
     # timeout_ms: sloline fails requests queued past 2 x SLO by default (Ray has no such
     # deadline); the closed-loop saturation runs must compare throughput, not shedding.
     request = InferRequest(model, {k: Tensor.from_array(v) for k, v in inputs.items()},
-                           parameters={codec.BINARY_DATA_OUTPUT: True,
+                           parameters={rest_codec.BINARY_DATA_OUTPUT: True,
                                        "timeout_ms": SLOLINE_TIMEOUT_MS})  # fmt: skip
-    rest = codec.encode_rest_request(request, binary=True)
+    rest = rest_codec.encode_rest_request(request, binary=True)
     base = run_dir / name
     np.savez(f"{base}.npz", **inputs)
     Path(f"{base}.oip").write_bytes(rest.body)
     Path(f"{base}.raw").write_bytes(b"".join(np.ascontiguousarray(v).tobytes()
                                              for v in inputs.values()))  # fmt: skip
-    headers = {codec.HEADER_LENGTH: str(rest.header_length)} if rest.header_length else {}
+    headers = {rest_codec.HEADER_LENGTH: str(rest.header_length)} if rest.header_length else {}
     return Workload(name, group, pipeline_file, model, Path(f"{base}.npz"), Path(f"{base}.oip"),
                     headers, Path(f"{base}.raw"))  # fmt: skip
 

@@ -72,6 +72,7 @@ class InferRequest:
     # Names of outputs the client asked for (None = all) and which to return as binary.
     outputs: tuple[str, ...] | None = None
     binary_outputs: frozenset[str] = frozenset()
+    model_version: str = ""  # as the client named it ("" = any); the data plane checks it
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,20 +141,27 @@ class ModelMetadata:
 
 
 class DataPlane(Protocol):
-    """What the REST and gRPC front doors need from the router."""
+    """What the REST and gRPC front doors need from the router.
+
+    The doors pass model names and versions ("" = any) through; the plane checks them
+    and raises `ModelNotFound` for a model or version it does not serve.
+    """
 
     def live(self) -> bool: ...
 
     def ready(self) -> bool: ...
 
-    def model_ready(self, name: str) -> bool:
-        """Raise `ModelNotFound` for unknown names."""
+    def check_model(self, name: str, version: str = "") -> None:
+        """Raise `ModelNotFound` unless the plane serves `name` (at `version`). The doors
+        call it before reading a request body: an unknown model is 404 whatever it sent."""
         ...
 
-    def model_metadata(self, name: str) -> ModelMetadata:
-        """Raise `ModelNotFound` for unknown names."""
-        ...
+    def model_ready(self, name: str, version: str = "") -> bool: ...
+
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata: ...
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        """Raise an `InferenceError` subclass for every failure a client should see."""
+        """Check the request (its model and version as `check_model` does), run it, and
+        answer with the outputs it asked for, in its order (all when it named none).
+        Raise an `InferenceError` subclass for every failure a client should see."""
         ...

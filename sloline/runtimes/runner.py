@@ -8,6 +8,13 @@ ragged inputs still work), calls the runtime, checks the outputs against the sta
 declaration (every output present, batch-sized leading dimension, per-request shape,
 datatype, converting when that is safe) and splits them back. Python stages declared
 `batching: list` get the requests as they are.
+
+The runner does not check its requests' inputs. In a served pipeline they were checked
+once, where they entered: a pipeline input by the router (`sloline.serving.checks`), an
+upstream stage's output by that stage's runner, against the same declaration. What a
+malformed hop could still do to the worker, the runner contains anyway: requests of
+different shapes, datatypes or inputs never share a stacked batch, and anything the
+model raises on them is a `ModelError` for that batch, not the end of the process.
 """
 
 from __future__ import annotations
@@ -47,8 +54,6 @@ class StageRunner:
         self._list_runtime = runtime if isinstance(runtime, ListRuntime) else None
         self._stacked_runtime = None if isinstance(runtime, ListRuntime) else runtime
         self.input_specs = dict(input_specs) if input_specs is not None else None
-        self._required = [i.name for i in stage.inputs if not i.optional]
-        self._declared = {i.name for i in stage.inputs}
 
     @property
     def name(self) -> str:
@@ -58,7 +63,8 @@ class StageRunner:
         """One result dict per request, in request order; raise `ModelError` on failure."""
         if not items:
             return []
-        prepared = [self._prepare(i, item) for i, item in enumerate(items)]
+        # Unchecked (see the module docstring); a fresh dict for the model to keep.
+        prepared = [{name: np.asarray(value) for name, value in item.items()} for item in items]
         if self._list_runtime is not None:
             with self._model_errors():
                 results = self._list_runtime.predict_list(prepared)
@@ -109,47 +115,6 @@ class StageRunner:
             for name in names
         }
         self.run([zeros] * batch_size)
-
-    def _prepare(self, index: int, item: Item) -> dict[str, np.ndarray]:
-        if item.keys() != self._declared:  # else every input is there and declared
-            self._check_names(index, item)
-        prepared = {}
-        for name, value in item.items():
-            array = np.asarray(value)
-            spec = self.input_specs.get(name) if self.input_specs is not None else None
-            if spec is not None:
-                array = self._check_input(index, name, array, spec)
-            prepared[name] = array
-        return prepared
-
-    def _check_names(self, index: int, item: Item) -> None:
-        if missing := [n for n in self._required if n not in item]:
-            raise ModelError(
-                f"stage {self.name!r}: request {index} lacks required input(s) {missing}"
-            )
-        if unknown := sorted(set(item) - self._declared):
-            raise ModelError(
-                f"stage {self.name!r}: request {index} has input(s) {unknown} that the stage "
-                f"does not declare (declared: {sorted(self._declared)})"
-            )
-
-    def _check_input(
-        self, index: int, name: str, array: np.ndarray, spec: TensorSpec
-    ) -> np.ndarray:
-        if array.ndim != len(spec.shape) or not dims_match(spec.shape, array.shape):
-            raise ModelError(
-                f"stage {self.name!r}: request {index} input {name!r} has shape "
-                f"{list(array.shape)}, declared {spec.shape} (-1 = any size)"
-            )
-        want = dtype_of(spec.datatype)
-        if array.dtype == want:
-            return array
-        if not safe_cast(array.dtype, want):
-            raise ModelError(
-                f"stage {self.name!r}: request {index} input {name!r} is {array.dtype}, "
-                f"declared {spec.datatype}; send {want} data"
-            )
-        return array.astype(want)
 
     def _run_stacked(self, group: list[dict[str, np.ndarray]]) -> list[Result]:
         size = len(group)
@@ -242,8 +207,8 @@ def load_stage(
     stages run in the calling thread and are not limited. `cuda_device` selects a GPU for
     ONNX and TorchScript stages, falling back to the CPU with a `RuntimeWarning` when it
     is not available.
-    `input_specs` (see `stage_input_specs`) enables input checks and `warmup()` without
-    samples.
+    `input_specs` (see `stage_input_specs`) enables `warmup()` without samples, and ONNX
+    stages check their model's inputs against it when they load.
     """
     model = stage.model
     runtime: Runtime | ListRuntime

@@ -1,6 +1,7 @@
 """gRPC front door: the Open Inference Protocol v2 `inference.GRPCInferenceService`.
 
-The same thin adapter as the REST door, over the same `DataPlane` and `codec`, for
+The same thin adapter as the REST door, over the same `DataPlane` (which checks model
+names and versions) and `grpc_codec`, for
 `grpc.aio` servers: the stock `tritonclient.grpc` client and KServe clients work against
 it. `InferenceError`s map to gRPC status codes (400 INVALID_ARGUMENT, 404 NOT_FOUND,
 413 RESOURCE_EXHAUSTED, 503 UNAVAILABLE with the retry hint in the message and in the
@@ -17,8 +18,8 @@ from typing import Any, Final, NoReturn
 import grpc
 
 import sloline
-from sloline.common.tensors import DataPlane, InferenceError, ModelNotFound
-from sloline.serving import codec
+from sloline.common.tensors import DataPlane, InferenceError
+from sloline.serving import codec, grpc_codec
 from sloline.serving.proto import grpc_service_pb2 as pb
 from sloline.serving.proto import grpc_service_pb2_grpc as pb_grpc
 
@@ -71,18 +72,11 @@ async def _fail(context: Any, exc: Exception, method: str) -> NoReturn:
     raise AssertionError("grpc.aio ServicerContext.abort() returned")
 
 
-def _check_version(plane: DataPlane, name: str, version: str) -> None:
-    versions = plane.model_metadata(name).versions
-    if version and versions and version not in versions:
-        raise ModelNotFound(f"model {name!r} has no version {version!r}; it has {list(versions)}")
-
-
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """`inference.GRPCInferenceService` over a `DataPlane`."""
 
     def __init__(self, plane: DataPlane) -> None:
         self._plane = plane
-        self._known: set[str] = set()  # names checked once (a router serves one fixed name)
 
     async def ServerLive(  # noqa: N802 (gRPC method names; signature fixed by gRPC)
         self, _request: pb.ServerLiveRequest, _context: Any
@@ -105,8 +99,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelReadyRequest, context: Any
     ) -> pb.ModelReadyResponse:
         try:
-            _check_version(self._plane, request.name, request.version)
-            return pb.ModelReadyResponse(ready=self._plane.model_ready(request.name))
+            ready = self._plane.model_ready(request.name, request.version)
+            return pb.ModelReadyResponse(ready=ready)
         except Exception as exc:
             await _fail(context, exc, "ModelReady")
 
@@ -114,8 +108,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelMetadataRequest, context: Any
     ) -> pb.ModelMetadataResponse:
         try:
-            _check_version(self._plane, request.name, request.version)
-            return codec.metadata_to_proto(self._plane.model_metadata(request.name))
+            metadata = self._plane.model_metadata(request.name, request.version)
+            return grpc_codec.metadata_to_proto(metadata)
         except Exception as exc:
             await _fail(context, exc, "ModelMetadata")
 
@@ -123,14 +117,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: Any
     ) -> pb.ModelInferResponse:
         try:
-            # The name before the tensors: an unknown model is NOT_FOUND whatever it was sent.
-            if request.model_version or request.model_name not in self._known:
-                _check_version(self._plane, request.model_name, request.model_version)
-                self._known.add(request.model_name)
-            infer_request = codec.request_from_proto(request)
+            # The model before the tensors: an unknown model is NOT_FOUND whatever it was sent.
+            self._plane.check_model(request.model_name, request.model_version)
+            infer_request = grpc_codec.request_from_proto(request)
             response = await self._plane.infer(infer_request)
-            return codec.response_to_proto(
-                infer_request, response, model_version=request.model_version
-            )
+            return grpc_codec.response_to_proto(infer_request, response)
         except Exception as exc:
             await _fail(context, exc, "ModelInfer")

@@ -1,9 +1,11 @@
 """REST front door: the Open Inference Protocol v2 HTTP API over a `DataPlane`.
 
-A thin adapter (KServe's layering): it reads bytes, calls `codec` and the plane, and
-writes bytes. Routes are `/v2/health/{live,ready}`, `/v2`, `/v2/models/{name}[/versions/
-{version}]`, `.../ready`, `POST .../infer`, plus `/metrics` from an injected ASGI app
-(also served alone by `create_metrics_app`, for a separate metrics port).
+A thin adapter (KServe's layering): it reads bytes, calls `rest_codec` and the plane,
+and writes bytes; the model name and version in the path go to the plane, which checks
+them (`DataPlane.check_model`, before an infer body is read). Routes are
+`/v2/health/{live,ready}`, `/v2`, `/v2/models/{name}[/versions/{version}]`, `.../ready`,
+`POST .../infer`, plus `/metrics` from an injected ASGI app (also served alone by
+`create_metrics_app`, for a separate metrics port).
 
 Errors: every `InferenceError` becomes its HTTP status with `{"error": "<message>"}` (503
 adds `Retry-After`); anything unexpected is logged and answered with 500, and the server
@@ -47,11 +49,10 @@ from sloline.common.tensors import (
     DataPlane,
     InferenceError,
     InvalidInput,
-    ModelNotFound,
     Overloaded,
     PayloadTooLarge,
 )
-from sloline.serving import codec
+from sloline.serving import codec, rest_codec
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ JSON = "application/json"
 _INFER_PATH: Final = re.compile(
     r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"
 )
-_HEADER_LENGTH: Final = codec.HEADER_LENGTH.lower().encode()
+_HEADER_LENGTH: Final = rest_codec.HEADER_LENGTH.lower().encode()
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -174,7 +175,7 @@ class _BodyLimit:
             )
         return PayloadTooLarge(
             f"JSON request body {how} the {self.bytes}-byte limit for JSON; send the "
-            f"tensors raw with the binary tensor extension ({codec.HEADER_LENGTH} header, "
+            f"tensors raw with the binary tensor extension ({rest_codec.HEADER_LENGTH} header, "
             f"bodies up to {self.max_body_bytes} bytes) or raise the server's "
             "max_json_body_bytes"
         )
@@ -201,12 +202,6 @@ class _BodyBudget:
             )
         self.held += size
         reserved[0] += size
-
-
-def _check_version(plane: DataPlane, name: str, version: str) -> None:
-    versions = plane.model_metadata(name).versions
-    if version and versions and version not in versions:
-        raise ModelNotFound(f"model {name!r} has no version {version!r}; it has {list(versions)}")
 
 
 def create_http_app(
@@ -240,14 +235,13 @@ def create_http_app(
         )
 
     async def model_metadata(request: Request) -> Response:
-        name = request.path_params["name"]
-        _check_version(plane, name, request.path_params.get("version", ""))
-        return _json(codec.metadata_to_json(plane.model_metadata(name)))
+        params = request.path_params
+        metadata = plane.model_metadata(params["name"], params.get("version", ""))
+        return _json(rest_codec.metadata_to_json(metadata))
 
     async def model_ready(request: Request) -> Response:
         name = request.path_params["name"]
-        _check_version(plane, name, request.path_params.get("version", ""))
-        ok = plane.model_ready(name)
+        ok = plane.model_ready(name, request.path_params.get("version", ""))
         return _json({"name": name, "ready": ok}, 200 if ok else 503)
 
     infer = _InferEndpoint(
@@ -319,8 +313,8 @@ class _InferFirst:
 
 
 class _InferEndpoint:
-    """`POST .../infer` on raw ASGI: check the model, read the body, decode, infer, write
-    the parts.
+    """`POST .../infer` on raw ASGI: ask the plane about the model, read the body, decode,
+    infer, write the parts.
 
     Errors as everywhere else: an `InferenceError` is its status with `{"error": ...}`,
     anything unexpected is logged and answered 500.
@@ -335,9 +329,6 @@ class _InferEndpoint:
         self._json_limit = _BodyLimit(
             min(max_json_body_bytes, max_body_bytes), json=True, max_body_bytes=max_body_bytes
         )
-        # Names the plane has answered metadata for: a router serves one fixed name, so
-        # the check costs a set lookup after the first request instead of a metadata build.
-        self._known: set[str] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         reserved = [0]  # body bytes this request holds in the budget until it is answered
@@ -372,13 +363,13 @@ class _InferEndpoint:
         for i, part in enumerate(encoded.parts):
             await send({"type": "http.response.body", "body": part, "more_body": i < last})
 
-    async def _answer(self, scope: Scope, receive: Receive, reserved: list[int]) -> codec.RestBody:
+    async def _answer(
+        self, scope: Scope, receive: Receive, reserved: list[int]
+    ) -> rest_codec.RestBody:
         name, version = scope["path_params"]["name"], scope["path_params"].get("version", "")
-        # The name first: a request to a model that is not here is a 404 whatever its body
-        # holds, and its body is not worth reading.
-        if version or name not in self._known:
-            _check_version(self._plane, name, version)
-            self._known.add(name)
+        # The model first: a request to a model that is not here is a 404 whatever its
+        # body holds, and its body is not worth reading.
+        self._plane.check_model(name, version)
         headers = dict(scope["headers"])
         encoding = headers.get(b"content-encoding", b"identity")
         if encoding != b"identity":
@@ -390,18 +381,21 @@ class _InferEndpoint:
         json_limit = self._json_limit.bytes
         if header_length and header_length.isdigit() and int(header_length) > json_limit:
             raise PayloadTooLarge(
-                f"{codec.HEADER_LENGTH} is {int(header_length)} bytes, over the {json_limit}-byte "
-                "limit for JSON; send large tensors raw after the JSON header or raise the "
-                "server's max_json_body_bytes"
+                f"{rest_codec.HEADER_LENGTH} is {int(header_length)} bytes, over the "
+                f"{json_limit}-byte limit for JSON; send large tensors raw after the JSON header "
+                "or raise the server's max_json_body_bytes"
             )
         body = await _read_body(
             receive, headers.get(b"content-length"), limit, self._budget, reserved
         )
-        request = codec.decode_rest_request(
-            name, body, None if header_length is None else header_length.decode("latin-1")
+        request = rest_codec.decode_rest_request(
+            name,
+            body,
+            None if header_length is None else header_length.decode("latin-1"),
+            model_version=version,
         )
         response = await self._plane.infer(request)
-        return codec.encode_rest_response(request, response, model_version=version)
+        return rest_codec.encode_rest_response(request, response)
 
 
 class _AsgiEndpoint:

@@ -1,10 +1,12 @@
 """The pipeline router: the data plane behind the REST and gRPC front doors.
 
-One router serves one pipeline. For each request it validates the inputs against the
-spec, walks the DAG (`DagRun`), and puts each ready stage's work into that stage's
-centralized batched queue (`StageQueue`). Workers dial in over `WorkerService.Connect`
-and pull batches with one credit each; results flow back, downstream stages become
-ready, and the output stage's values are the response.
+One router serves one pipeline. For each request it checks the model, the inputs, the
+parameters and the requested outputs (`checks.py`, the one place they are checked),
+admits it or sheds it (`admission.py`), walks the DAG (`DagRun`), and puts each ready
+stage's work into that stage's centralized batched queue (`StageQueue`). Workers dial in
+over `WorkerService.Connect` (`workers.py`) and pull batches with one credit each;
+results flow back, downstream stages become ready, and the output stage's values are the
+response.
 
 Failure rules (docs/architecture.md): a request past its deadline is failed with 504
 and its queued work is dropped rather than occupying a worker; a worker that dies
@@ -20,13 +22,11 @@ import asyncio
 import logging
 import math
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-import grpc
 import numpy as np
 from prometheus_client import CollectorRegistry
 
@@ -35,9 +35,7 @@ from sloline.common.tensors import (
     InferenceError,
     InferRequest,
     InferResponse,
-    InvalidInput,
     ModelMetadata,
-    ModelNotFound,
     Overloaded,
     StageFailed,
     Tensor,
@@ -45,11 +43,13 @@ from sloline.common.tensors import (
 )
 from sloline.serving import wire
 from sloline.serving.admission import Admission
+from sloline.serving.checks import VERSIONS, RequestChecks
 from sloline.serving.dag import DagRun, DagShape, ReadyStage
 from sloline.serving.metrics import RouterMetrics, StateCollector
 from sloline.serving.proto import worker_pb2 as pb
 from sloline.serving.queue import QueueFull, StageQueue, Step, WorkItem
 from sloline.serving.stats import RouterStats
+from sloline.serving.workers import WorkerConn
 from sloline.spec import PipelineGraph
 
 log = logging.getLogger(__name__)
@@ -104,57 +104,9 @@ class _Request:
             item.cancelled = True
 
 
-class WorkerConn:
-    """One connected worker process and its stream.
-
-    The router sends a batch by handing its encoded message to `send`; the stream's
-    handler (`WorkerService.Connect`) writes it in `write_until_closed`. That is one
-    future and one task step per batch, and gRPC gets one write at a time.
-    """
-
-    __slots__ = ("_closing", "_pending", "_wake", "dispatched_at", "hardware", "id", "pid", "stage")
-
-    def __init__(self, id: str, stage: str, pid: int, hardware: str) -> None:
-        self.id = id
-        self.stage = stage
-        self.pid = pid
-        self.hardware = hardware
-        self.dispatched_at = 0.0  # when its batch in flight (one at most) was dispatched
-        self._pending: deque[bytes] = deque()
-        self._closing = False
-        self._wake: asyncio.Future[None] | None = None
-
-    def send(self, message: bytes) -> None:
-        self._pending.append(message)
-        self._notify()
-
-    def close(self, *, flush: bool = True) -> None:
-        """End the stream once everything sent so far is written (`flush`), or at once:
-        a detached worker's batch is back in the queue and must not reach it too."""
-        if not flush:
-            self._pending.clear()
-        self._closing = True
-        self._notify()
-
-    def _notify(self) -> None:
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
-
-    async def write_until_closed(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        pending = self._pending
-        loop = asyncio.get_running_loop()
-        while True:
-            while pending:
-                await context.write(pending.popleft())
-            if self._closing:
-                return
-            self._wake = loop.create_future()
-            await self._wake
-
-
 class Router:
-    """Implements `DataPlane` for one pipeline and `WorkerService` for its workers."""
+    """Implements `DataPlane` for one pipeline and the bookkeeping behind `WorkerService`
+    (`workers.py`) for its workers."""
 
     def __init__(
         self,
@@ -210,13 +162,16 @@ class Router:
                     envelope or (lambda: {}),
                 )
             )
-        self._inputs = {t.name: t for t in spec.inputs}
-        self._outputs = frozenset(t.name for t in graph.output.spec.outputs)
         self._expiry_task: asyncio.Task[None] | None = None
         s = self.settings
-        self._default_timeout_s = s.deadline_factor * self.slo_s
-        self._default_budget_s = min(self._default_timeout_s, s.admission_factor * self.slo_s)
-        self._max_timeout_ms = max(s.max_timeout_factor * self.slo_s, s.max_timeout_s) * 1000.0
+        default_timeout_s = s.deadline_factor * self.slo_s
+        self._default_budget_s = min(default_timeout_s, s.admission_factor * self.slo_s)
+        self.checks = RequestChecks(
+            graph,
+            default_timeout_s=default_timeout_s,
+            max_timeout_factor=s.max_timeout_factor,
+            max_timeout_s=s.max_timeout_s,
+        )
         stall_s = max(30.0, 10.0 * self.slo_s)
         self.unready_after_s = stall_s if s.unready_after_s is None else s.unready_after_s
         self.unlive_after_s = (
@@ -241,17 +196,22 @@ class Router:
             and self.stalled_s() <= self.unready_after_s
         )
 
-    def model_ready(self, name: str) -> bool:
-        self._check_name(name)
+    def check_model(self, name: str, version: str = "") -> None:
+        """404 unless this router serves `name` (at `version`, when given): the front doors
+        ask before reading a request's body, so an unknown model is 404 whatever it sent."""
+        self.checks.model(name, version)
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        self.checks.model(name, version)
         return self.ready()
 
-    def model_metadata(self, name: str) -> ModelMetadata:
-        self._check_name(name)
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
+        self.checks.model(name, version)
         out = self.graph.output.spec.outputs
         return ModelMetadata(
             name=self.name,
             platform="sloline_pipeline",
-            versions=("1",),
+            versions=VERSIONS,
             inputs=tuple(
                 TensorMetadata(t.name, t.datatype, (-1, *t.shape)) for t in self.graph.inputs
             ),
@@ -259,9 +219,10 @@ class Router:
         )
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        """Validate, admit, run the DAG, answer.
+        """Check, admit, run the DAG, answer.
 
-        Everything a request carries is validated before it counts as an arrival (the
+        Everything a request carries is checked (`RequestChecks`: model name and version,
+        inputs, parameters, requested outputs) before it counts as an arrival (the
         envelope the tuner reads, the re-planner's arrivals): invalid traffic is not
         demand, while requests shed for overload are. The in-flight count goes up only
         inside the ``try`` whose ``finally`` takes it down again, so no failure at any
@@ -269,12 +230,12 @@ class Router:
         anything else propagates (the front door logs it and answers 500), and either
         way the request's queued work is dropped.
         """
-        self._check_name(request.model_name)
-        inputs, batched = self._validate(request.inputs)
-        timeout_s = self._timeout(request.parameters)
-        _check_priority(request.parameters)
-        if request.outputs is not None:
-            self._check_outputs(request.outputs)
+        checks = self.checks
+        checks.model(request.model_name, request.model_version)
+        inputs, batched = checks.inputs(request.inputs)
+        timeout_s = checks.timeout(request.parameters)
+        checks.priority(request.parameters)
+        checks.outputs(request.outputs)
         now = self.clock()
         if (arrivals := self.stats.arrivals) is not None:
             arrivals.add(now, now)
@@ -316,7 +277,7 @@ class Router:
         if state.estimate == state.estimate:  # not NaN: admission estimated it
             self._admission.error.observe(latency_s - state.estimate)  # type: ignore[union-attr]
         return InferResponse(
-            self.name, self._shape_outputs(outputs, request, batched), id=request.id
+            self.name, checks.shape_outputs(outputs, request.outputs, batched), id=request.id
         )
 
     def _admit(self, timeout_s: float, parameters: Mapping[str, Any]) -> None:
@@ -353,82 +314,6 @@ class Router:
         return self.clock() - self._progress_at if self._inflight else 0.0
 
     # ------------------------------------------------------------ request flow
-    def _check_name(self, name: str) -> None:
-        if name != self.name:
-            raise ModelNotFound(f"unknown model {name!r}; this router serves {self.name!r}")
-
-    def _validate(self, given: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], bool]:
-        """Check names, datatypes and shapes; strip a leading batch dim of 1 if present."""
-        unknown = sorted(set(given) - set(self._inputs))
-        if unknown:
-            raise InvalidInput(f"unknown input(s) {unknown}; expected {sorted(self._inputs)}")
-        inputs: dict[str, Tensor] = {}
-        batched: set[bool] = set()
-        for name, spec in self._inputs.items():
-            tensor = given.get(name)
-            if tensor is None:
-                raise InvalidInput(f"missing input {name!r} ({spec.datatype} {spec.shape})")
-            if tensor.datatype != spec.datatype:
-                raise InvalidInput(
-                    f"input {name!r} has datatype {tensor.datatype}, expected {spec.datatype}"
-                )
-            shape = tensor.shape
-            if len(shape) == len(spec.shape) + 1 and shape[0] == 1:
-                shape, lead = shape[1:], True
-            else:
-                lead = False
-            if len(shape) != len(spec.shape) or any(
-                want not in (-1, got) for want, got in zip(spec.shape, shape, strict=True)
-            ):
-                raise InvalidInput(
-                    f"input {name!r} has shape {list(tensor.shape)}, expected {spec.shape} "
-                    f"or [1, {', '.join(map(str, spec.shape))}] (-1 = any size)"
-                )
-            batched.add(lead)
-            inputs[name] = Tensor(tensor.datatype, shape, tensor.data) if lead else tensor
-        if len(batched) > 1:
-            raise InvalidInput("inputs mix shapes with and without a leading batch dim of 1")
-        return inputs, batched.pop()
-
-    def _timeout(self, parameters: Mapping[str, Any]) -> float:
-        """The request's deadline in seconds: `timeout_ms`, a finite number of
-        milliseconds in (0, max(max_timeout_factor x SLO, max_timeout_s)], else the
-        default."""
-        value = parameters.get("timeout_ms")
-        if value is None:
-            return self._default_timeout_s
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidInput(
-                f"parameter timeout_ms must be a number of milliseconds, got {value!r} "
-                f"({type(value).__name__})"
-            )
-        # NaN fails both comparisons, inf and 1e300 the second.
-        if not 0 < value <= self._max_timeout_ms:
-            raise InvalidInput(
-                f"parameter timeout_ms must be above 0 and at most {self._max_timeout_ms:g} "
-                f"(the larger of {self.settings.max_timeout_factor:g} x the pipeline's "
-                f"{self.slo_s * 1000:g} ms SLO and {self.settings.max_timeout_s:g} s), "
-                f"got {value!r}"
-            )
-        return float(value) / 1000.0
-
-    def _check_outputs(self, requested: tuple[str, ...]) -> None:
-        unknown = sorted(set(requested) - self._outputs)
-        if unknown:
-            raise InvalidInput(f"unknown output(s) {unknown}; available {sorted(self._outputs)}")
-
-    def _shape_outputs(
-        self, outputs: dict[str, Tensor], request: InferRequest, batched: bool
-    ) -> dict[str, Tensor]:
-        if request.outputs is not None:
-            missing = sorted(set(request.outputs) - set(outputs))
-            if missing:
-                raise InvalidInput(f"unknown output(s) {missing}; available {sorted(outputs)}")
-            outputs = {name: outputs[name] for name in request.outputs}
-        if batched:
-            outputs = {n: Tensor(t.datatype, (1, *t.shape), t.data) for n, t in outputs.items()}
-        return outputs
-
     def _submit(self, state: _Request, ready: list[ReadyStage]) -> None:
         now = self.clock()
         for stage in ready:
@@ -618,79 +503,3 @@ class Router:
             for queue in self.queues.values():
                 if len(queue):
                     self._perform(queue, queue.cancel_expired(now), now)
-
-
-def _check_priority(parameters: Mapping[str, Any]) -> None:
-    """Triton's `priority` (an unsigned integer, 0 = the default level) is accepted for its
-    clients' sake and not used: every stage queue is one FIFO, which the estimator
-    simulates. A value Triton would refuse is refused here too."""
-    value = parameters.get("priority")
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64
-    ):
-        raise InvalidInput(
-            f"parameter priority must be an integer in [0, 2^64), got {value!r} "
-            "(sloline accepts it for Triton's clients and serves every request in FIFO order)"
-        )
-
-
-class WorkerService:
-    """gRPC endpoint workers dial: Hello, then results up and batches down.
-
-    Registered with `wire`'s (de)serialisers (`add_worker_service`): messages arrive as
-    (message, payload) pairs and leave as encoded bytes.
-    """
-
-    def __init__(self, router: Router) -> None:
-        self.router = router
-
-    async def Connect(  # noqa: N802 - gRPC method name
-        self,
-        _requests: AsyncIterator[wire.Sent],
-        context: grpc.aio.ServicerContext[wire.Sent, bytes],
-    ) -> None:
-        first = await context.read()
-        if first is grpc.aio.EOF or not first[0].HasField("hello"):
-            await context.write(wire.welcome_message("first message must be Hello"))
-            return
-        try:
-            conn = self.router.attach(first[0].hello)
-        except ValueError as exc:
-            await context.write(wire.welcome_message(str(exc)))
-            return
-        await context.write(wire.welcome_message())
-        reader = asyncio.create_task(self._read(conn, context))
-        try:
-            await conn.write_until_closed(context)
-        finally:
-            reader.cancel()
-            self.router.detach(conn)
-
-    async def _read(
-        self, conn: WorkerConn, context: grpc.aio.ServicerContext[wire.Sent, bytes]
-    ) -> None:
-        try:
-            while (received := await context.read()) is not grpc.aio.EOF:
-                message, payload = received
-                if message.HasField("result"):
-                    self.router.on_result(conn, message.result, payload)
-                elif message.HasField("leaving"):
-                    self.router.leaving(conn)
-        except (grpc.aio.AioRpcError, asyncio.CancelledError):
-            pass
-        except Exception:
-            log.exception("worker %s sent a message the router could not handle", conn.id)
-        finally:
-            self.router.detach(conn)
-
-
-def add_worker_service(server: grpc.aio.Server, router: Router) -> None:
-    """Register `WorkerService.Connect` for `router` on a `grpc.aio.Server` (before start)."""
-    handler = grpc.stream_stream_rpc_method_handler(
-        WorkerService(router).Connect,
-        request_deserializer=wire.decode_worker_message,
-        response_serializer=wire.identity,
-    )
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(wire.SERVICE, {"Connect": handler}),)
-    )

@@ -48,7 +48,8 @@ from sloline.serving.limits import (
     limited_http_protocol,
     raise_fd_limit,
 )
-from sloline.serving.router import Router, add_worker_service
+from sloline.serving.router import Router
+from sloline.serving.workers import add_worker_service
 
 log = logging.getLogger(__name__)
 

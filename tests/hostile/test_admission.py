@@ -31,13 +31,14 @@ from sloline.common.tensors import (
     Overloaded,
     Tensor,
 )
-from sloline.serving import codec, wire
+from sloline.serving import grpc_codec, wire
 from sloline.serving.admission import MIN_SAMPLES, Admission, ErrorQuantile, StageModel
 from sloline.serving.dag import DagRun
 from sloline.serving.proto import grpc_service_pb2_grpc as grpc_pb
 from sloline.serving.proto import worker_pb2 as pb
-from sloline.serving.router import Router, RouterSettings, WorkerConn
+from sloline.serving.router import Router, RouterSettings
 from sloline.serving.stats import Ring
+from sloline.serving.workers import WorkerConn
 from sloline.spec import load_pipeline
 from tests.support.serve import NOOP, BackgroundPipeline
 
@@ -231,7 +232,7 @@ def _injections() -> Iterator[tuple[str, Callable[[Router, Workers, pytest.Monke
     yield "latency ring", lambda r, _w, mp: mp.setattr(r.stats, "latency", Broken())
     yield "errors ring", lambda r, _w, mp: mp.setattr(r.stats, "errors", Broken())
     yield "stage rings", lambda r, _w, mp: mp.setitem(r.stats.stage_batch, "s1", Broken())
-    yield "shape outputs", lambda r, _w, mp: mp.setattr(r, "_shape_outputs", boom)
+    yield "shape outputs", lambda r, _w, mp: mp.setattr(r.checks, "shape_outputs", boom)
     yield "DagRun.complete", lambda _r, _w, mp: mp.setattr(DagRun, "complete", boom)
 
 
@@ -578,7 +579,7 @@ def test_grpc_nan_flood_is_invalid_argument_and_leaks_no_slot(served: Background
             stub = grpc_pb.GRPCInferenceServiceStub(channel)
 
             async def one(value: float) -> None:
-                message = codec.request_to_proto(request(value))
+                message = grpc_codec.request_to_proto(request(value))
                 try:
                     await stub.ModelInfer(message)
                     codes.add(grpc.StatusCode.OK)
@@ -588,7 +589,7 @@ def test_grpc_nan_flood_is_invalid_argument_and_leaks_no_slot(served: Background
             values = [math.nan, math.inf, -math.inf, 1e300, -1.0]
             for start in range(0, 4200, 300):
                 await asyncio.gather(*(one(values[i % 5]) for i in range(start, start + 300)))
-            ok = await stub.ModelInfer(codec.request_to_proto(request(250)))
+            ok = await stub.ModelInfer(grpc_codec.request_to_proto(request(250)))
             return codes, str(ok.outputs[0].name)
 
     codes, name = asyncio.run(flood())

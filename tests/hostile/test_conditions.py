@@ -21,7 +21,8 @@ from sloline.common.tensors import InferRequest, StageFailed, Tensor
 from sloline.serving import wire
 from sloline.serving.dag import DagRun
 from sloline.serving.proto import worker_pb2 as pb
-from sloline.serving.router import Router, RouterSettings, WorkerConn
+from sloline.serving.router import Router, RouterSettings
+from sloline.serving.workers import WorkerConn
 from sloline.spec import ConditionError, PipelineError, parse_condition, parse_pipeline
 from sloline.spec.condition import MAX_CHARS, MAX_DEPTH
 from tests.support.serve import NOOP, BackgroundPipeline

@@ -62,17 +62,23 @@ class FakePlane:
     def ready(self) -> bool:
         return True
 
-    def model_ready(self, name: str) -> bool:
-        return self.model_metadata(name) is not None
+    def check_model(self, name: str, version: str = "") -> None:
+        self.model_metadata(name, version)
 
-    def model_metadata(self, name: str) -> ModelMetadata:
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.model_metadata(name, version) is not None
+
+    def model_metadata(self, name: str, version: str = "") -> ModelMetadata:
         try:
-            return self.models[name]
+            metadata = self.models[name]
         except KeyError:
             raise ModelNotFound(f"unknown model {name!r}; serving {sorted(self.models)}") from None
+        if version and version not in metadata.versions:
+            raise ModelNotFound(f"model {name!r} has no version {version!r}")
+        return metadata
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        self.model_metadata(request.model_name)
+        self.check_model(request.model_name, request.model_version)
         if request.model_name == "busy":
             raise Overloaded("queue of stage 'busy' is full", retry_after_s=0.25)
         if request.model_name == "crash":

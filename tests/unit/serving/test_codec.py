@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from sloline.common.tensors import DTYPES, InferRequest, InferResponse, InvalidInput, Tensor
-from sloline.serving import codec
+from sloline.serving import grpc_codec, rest_codec
 from sloline.serving.proto import grpc_service_pb2 as pb
 
 NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_0123456789", min_size=1, max_size=8)
@@ -72,15 +72,15 @@ def test_rest_request_round_trip(data: st.DataObject, binary: bool, request_id: 
     # Binary tensors keep every bit pattern (NaN, inf); JSON numbers cannot carry those.
     inputs = data.draw(tensor_maps(json_safe=True))
     request = InferRequest("m", inputs, request_id, {"priority": 1})
-    encoded = codec.encode_rest_request(request, binary=binary)
+    encoded = rest_codec.encode_rest_request(request, binary=binary)
     assert (encoded.header_length is not None) == binary
     header = None if encoded.header_length is None else str(encoded.header_length)
-    assert codec.decode_rest_request("m", encoded.body, header) == request
+    assert rest_codec.decode_rest_request("m", encoded.body, header) == request
     # As a server receives it: in chunks cut anywhere (inside the JSON, inside tensors).
     body = encoded.body
     cuts = sorted(data.draw(st.lists(st.integers(0, len(body)), max_size=6)))
     chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
-    assert codec.decode_rest_request("m", chunks, header) == request
+    assert rest_codec.decode_rest_request("m", chunks, header) == request
 
 
 @FAST
@@ -95,14 +95,14 @@ def test_rest_response_round_trip(
     asked = data.draw(st.none() | st.lists(st.sampled_from(sorted(outputs)), unique=True,
                                            min_size=1))  # fmt: skip
     binary = frozenset(data.draw(st.sets(st.sampled_from(sorted(outputs)))))
-    params = {codec.BINARY_DATA_OUTPUT: default_binary}
+    params = {rest_codec.BINARY_DATA_OUTPUT: default_binary}
     request = InferRequest("m", {}, "id7", params, None if asked is None else tuple(asked), binary)
-    encoded = codec.encode_rest_response(request, InferResponse("m", outputs, "id7"))
+    expected = outputs if asked is None else {n: outputs[n] for n in asked}  # the plane's pick
+    encoded = rest_codec.encode_rest_response(request, InferResponse("m", expected, "id7"))
     header = None if encoded.header_length is None else str(encoded.header_length)
-    decoded = codec.decode_rest_response(encoded.parts, header)
-    expected = outputs if asked is None else {n: outputs[n] for n in asked}
+    decoded = rest_codec.decode_rest_response(encoded.parts, header)
     assert decoded.outputs == expected
-    assert list(decoded.outputs) == list(expected)  # in the order the client asked for
+    assert list(decoded.outputs) == list(expected)  # in the plane's order
     assert decoded.id == "id7"
     doc = orjson.loads(encoded.body[: encoded.header_length])
     raw = {o["name"] for o in doc["outputs"] if "parameters" in o}
@@ -117,7 +117,7 @@ def test_nested_and_flat_data_are_the_same_tensor() -> None:
     nested, _ = body_of({"inputs": [fp32_input([[1, 2, 3], [4, 5, 6]], shape=[2, 3])]})
     expected = np.arange(1, 7, dtype=np.float32).reshape(2, 3)
     for body in (flat, nested):
-        np.testing.assert_array_equal(codec.decode_rest_request("m", body).inputs["x"].array(),
+        np.testing.assert_array_equal(rest_codec.decode_rest_request("m", body).inputs["x"].array(),
                                       expected)  # fmt: skip
 
 
@@ -130,7 +130,7 @@ def test_mixed_json_and_binary_inputs_in_one_request() -> None:
         {"name": "b", "datatype": "FP64", "shape": [0], "parameters": {"binary_data_size": 0}},
     ]}  # fmt: skip
     body, header = body_of(doc, a.tobytes())
-    request = codec.decode_rest_request("m", body, header)
+    request = rest_codec.decode_rest_request("m", body, header)
     np.testing.assert_array_equal(request.inputs["a"].array(), a)
     assert request.inputs["j"].array().tolist() == [True, False]
     assert request.inputs["b"].array().shape == (0,)
@@ -141,8 +141,8 @@ def test_fp16_and_uint64_json_values_survive() -> None:
     # numpy alone would read [2**63, 0] as float64 and lose the low bits
     big = Tensor.from_array(np.array([[2**64 - 1, 0], [2**63 + 1, 7]], dtype=np.uint64))
     request = InferRequest("m", {"h": tensor, "u": big})
-    encoded = codec.encode_rest_request(request, binary=False)
-    assert codec.decode_rest_request("m", encoded.body).inputs == request.inputs
+    encoded = rest_codec.encode_rest_request(request, binary=False)
+    assert rest_codec.decode_rest_request("m", encoded.body).inputs == request.inputs
 
 
 def test_binary_outputs_follow_triton_rules() -> None:
@@ -150,8 +150,8 @@ def test_binary_outputs_follow_triton_rules() -> None:
                "b": Tensor.from_array(np.zeros(1, np.int64))}  # fmt: skip
 
     def raw_outputs(doc: dict[str, Any]) -> set[str]:
-        req = codec.decode_rest_request("m", *body_of({"inputs": [fp32_input()], **doc}))
-        enc = codec.encode_rest_response(req, InferResponse("m", outputs))
+        req = rest_codec.decode_rest_request("m", *body_of({"inputs": [fp32_input()], **doc}))
+        enc = rest_codec.encode_rest_response(req, InferResponse("m", outputs))
         header = orjson.loads(enc.body[: enc.header_length])
         return {o["name"] for o in header["outputs"] if "parameters" in o}
 
@@ -164,11 +164,16 @@ def test_binary_outputs_follow_triton_rules() -> None:
                                     {"name": "b"}]}) == {"b"}  # fmt: skip
 
 
-def test_requesting_an_output_the_model_lacks_is_invalid() -> None:
-    request = InferRequest("m", {}, outputs=("nope",))
-    response = InferResponse("m", {"y": Tensor.from_array(np.ones(1, np.float32))})
-    with pytest.raises(InvalidInput, match=r"'nope'.*returns \['y'\]"):
-        codec.encode_rest_response(request, response)
+def test_name_and_version_pass_through_both_codecs() -> None:
+    body, header = body_of({"inputs": [fp32_input()]})
+    assert rest_codec.decode_rest_request("m", body, header, model_version="3").model_version == "3"
+    request = InferRequest("m", {"x": Tensor.from_array(np.ones(1, np.float32))}, model_version="3")
+    decoded = grpc_codec.request_from_proto(grpc_codec.request_to_proto(request))
+    assert (decoded.model_name, decoded.model_version) == ("m", "3")
+    answer = grpc_codec.response_to_proto(decoded, InferResponse("m", {}))
+    assert answer.model_version == "3"
+    rest = rest_codec.encode_rest_response(decoded, InferResponse("m", {}))
+    assert orjson.loads(rest.body)["model_version"] == "3"
 
 
 # ------------------------------------------------------------------ REST errors
@@ -224,7 +229,7 @@ BAD_REST = [
 @pytest.mark.parametrize(("body", "header", "message"), BAD_REST, ids=[c[2] for c in BAD_REST])
 def test_bad_rest_request_names_the_problem(body: bytes, header: str | None, message: str) -> None:
     with pytest.raises(InvalidInput) as info:
-        codec.decode_rest_request("m", body, header)
+        rest_codec.decode_rest_request("m", body, header)
     assert message in str(info.value)
     assert info.value.status == 400
 
@@ -240,18 +245,18 @@ def test_bad_rest_request_names_the_problem(body: bytes, header: str | None, mes
 def test_grpc_raw_request_round_trip(inputs: dict[str, Tensor], outputs: list[str] | None) -> None:
     request = InferRequest("m", inputs, "r1", {"flag": True, "n": -3, "s": "x", "f": 0.5},
                            None if outputs is None else tuple(outputs))  # fmt: skip
-    wire = codec.request_to_proto(request).SerializeToString()
-    assert codec.request_from_proto(pb.ModelInferRequest.FromString(wire)) == request
+    wire = grpc_codec.request_to_proto(request).SerializeToString()
+    assert grpc_codec.request_from_proto(pb.ModelInferRequest.FromString(wire)) == request
 
 
 @FAST
 @given(inputs=tensor_maps(typed=True, json_safe=True))
 def test_grpc_typed_contents_round_trip(inputs: dict[str, Tensor]) -> None:
     request = InferRequest("m", inputs)
-    message = codec.request_to_proto(request, raw=False)
+    message = grpc_codec.request_to_proto(request, raw=False)
     assert not message.raw_input_contents
     wire = message.SerializeToString()
-    assert codec.request_from_proto(pb.ModelInferRequest.FromString(wire)) == request
+    assert grpc_codec.request_from_proto(pb.ModelInferRequest.FromString(wire)) == request
 
 
 @FAST
@@ -267,13 +272,13 @@ def test_non_finite_inputs_are_refused_alike_by_every_decoder(
     array = np.array(values, DTYPES[datatype])
     request = InferRequest("m", {"x": Tensor.from_array(array)})
     finite = bool(np.isfinite(array).all())
-    encoded = codec.encode_rest_request(request, binary=True)
+    encoded = rest_codec.encode_rest_request(request, binary=True)
 
     def rest() -> InferRequest:
-        return codec.decode_rest_request("m", encoded.body, str(encoded.header_length))
+        return rest_codec.decode_rest_request("m", encoded.body, str(encoded.header_length))
 
     def grpc() -> InferRequest:
-        return codec.request_from_proto(codec.request_to_proto(request, raw=raw))
+        return grpc_codec.request_from_proto(grpc_codec.request_to_proto(request, raw=raw))
 
     # FP16 has no typed contents field: it only travels raw.
     paths = [rest] if datatype == "FP16" and not raw else [rest, grpc]
@@ -292,9 +297,9 @@ def test_non_finite_inputs_are_refused_alike_by_every_decoder(
 @given(outputs=tensor_maps())
 def test_grpc_response_round_trip(outputs: dict[str, Tensor]) -> None:
     response = InferResponse("m", outputs, "id", {"big": 2**64 - 1})
-    message = codec.response_to_proto(InferRequest("m", {}, "id"), response)
+    message = grpc_codec.response_to_proto(InferRequest("m", {}, "id"), response)
     wire = message.SerializeToString()
-    assert codec.response_from_proto(pb.ModelInferResponse.FromString(wire)) == response
+    assert grpc_codec.response_from_proto(pb.ModelInferResponse.FromString(wire)) == response
 
 
 def grpc_request(*, raw: list[bytes] | None = None, **tensor: Any) -> pb.ModelInferRequest:
@@ -328,7 +333,7 @@ BAD_GRPC = [
 @pytest.mark.parametrize(("message", "problem"), BAD_GRPC, ids=[c[1] for c in BAD_GRPC])
 def test_bad_grpc_request_names_the_problem(message: pb.ModelInferRequest, problem: str) -> None:
     with pytest.raises(InvalidInput) as info:
-        codec.request_from_proto(message)
+        grpc_codec.request_from_proto(message)
     assert problem in str(info.value)
 
 
@@ -347,14 +352,18 @@ def test_tritonclient_http_bodies(binary: bool) -> None:
     body, json_size = httpclient.InferenceServerClient.generate_request_body(
         inputs, outputs=outputs, request_id="42"
     )
-    request = codec.decode_rest_request("m", body, None if json_size is None else str(json_size))
+    request = rest_codec.decode_rest_request(
+        "m", body, None if json_size is None else str(json_size)
+    )
     np.testing.assert_array_equal(request.inputs["x"].array(), x)
     np.testing.assert_array_equal(request.inputs["f"].array(), flags)
     assert request.outputs == ("y",)
     assert request.id == "42"
 
     y = request.inputs["x"].array() * 2
-    encoded = codec.encode_rest_response(request, InferResponse("m", {"y": Tensor.from_array(y)}))
+    encoded = rest_codec.encode_rest_response(
+        request, InferResponse("m", {"y": Tensor.from_array(y)})
+    )
     result = httpclient.InferResult.from_response_body(encoded.body, False, encoded.header_length)
     np.testing.assert_array_equal(result.as_numpy("y"), y)
     assert result.get_response()["id"] == "42"
