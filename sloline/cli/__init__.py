@@ -6,7 +6,8 @@ exit codes, in this one place.
 
 Exit codes: 0 success; 1 runtime failure (no plan meets the SLO, a port in use);
 2 invalid input (a bad pipeline file, flag or model, a file that cannot be read or
-written), reported as one ``error:`` message on stderr without a traceback.
+written). Either is reported as one ``error:`` message on stderr, its traceback only with
+``--verbose``; any other exception is a bug, and its traceback is shown.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if failure is None:
             raise  # a bug: its traceback is what helps
         code, message = failure
+        logging.getLogger(__name__).debug("the failure's traceback", exc_info=exc)  # -v
         print(f"error: {message}", file=sys.stderr)
         return code
 
