@@ -1,6 +1,6 @@
 """`sloline calibrate`: serve a plan on this machine under its own planning load and
 measure what the profile misses (docs/planner.md, "Calibrating a plan with what serving
-measured").
+measured"). :func:`calibrate_plan` is the whole workflow; the command only parses its flags.
 
 The plan is served embedded (router, front doors, one worker process per replica, the
 tuner off so the plan is what is measured), and a client in its own process sends the
@@ -27,21 +27,36 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from selectors import SelectSelector
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from sloline.measure.profiler import ProfilerSettings, load_samples
+from sloline.measure.session import PlanningSession, plan_pipeline
 from sloline.planner.calibration import Calibration, request_path
+from sloline.planner.estimator import Estimate
+from sloline.planner.evaluator import Evaluator
 from sloline.planner.plan import Plan
+from sloline.planner.planner import InfeasibleError
+from sloline.planner.problem import PlanningProblem
 from sloline.planner.profile import PipelineProfile
+from sloline.planner.topology import Topology
 from sloline.spec import LoadedPipeline
 from sloline.spec.hardware import HardwareCatalog
 
 if TYPE_CHECKING:
     from sloline.embedded import EmbeddedPipeline
 
-__all__ = ["InSituRun", "measure_in_situ", "measure_served", "replay", "run_client"]
+__all__ = [
+    "InSituRun",
+    "calibrate_plan",
+    "measure_in_situ",
+    "measure_served",
+    "replay",
+    "run_client",
+]
 
 Arrays = dict[str, np.ndarray]
 T = TypeVar("T")
@@ -270,3 +285,115 @@ def measure_served(
             request_path(client_latency_s, router_latency) if client_latency_s is not None else ()
         ),
     )
+
+
+def calibrate_plan(
+    loaded: LoadedPipeline,
+    catalog: HardwareCatalog,
+    session: PlanningSession,
+    trace: np.ndarray,
+    *,
+    duration_s: float,
+    rounds: int,
+    out: Path,
+    pipeline_file: str,
+    report: Callable[[str], None],
+) -> None:
+    """`sloline calibrate`: serve ``session``'s plan on the arrivals of the planning
+    ``trace`` before ``duration_s``, write the calibration to ``out`` and plan again with
+    it; while that plan differs from the one served, serve it in turn, at most ``rounds``
+    plans in all. What it does and measured goes to ``report``, a line at a time."""
+    arrivals = trace[trace < duration_s]
+    payloads = load_samples(loaded, ProfilerSettings().samples)
+    plan = session.plan
+    report(plan.to_table())
+    for round_ in range(1, rounds + 1):
+        counted = f" (round {round_} of {rounds})" if rounds > 1 else ""
+        report(
+            f"serving this plan for {duration_s:g} s under its planning load "
+            f"({arrivals.size} requests, {arrivals.size / duration_s:.1f} rps){counted} ..."
+        )
+        calibrated = _calibration_round(
+            loaded, catalog, session.profile, plan, trace, arrivals, payloads, out, report
+        )
+        report(
+            f"planning again with this calibration "
+            f"(`sloline plan {pipeline_file} --calibration {out}`):"
+        )
+        try:
+            replanned = plan_pipeline(loaded, catalog, profile=calibrated).plan
+        except InfeasibleError as exc:  # the calibration is still what was measured
+            report(f"no plan meets the SLO with this calibration: {exc}")
+            return
+        report(replanned.to_table())
+        if replanned.config == plan.config:
+            if rounds > 1:
+                report("settled: the plan made with this calibration is the one it was measured on")
+            return
+        plan = replanned
+    if rounds > 1:
+        report(
+            f"not settled after {rounds} rounds: the last plan was made with a calibration "
+            "of another configuration and has not been served (more --rounds serve it)"
+        )
+
+
+def _calibration_round(
+    loaded: LoadedPipeline,
+    catalog: HardwareCatalog,
+    profile: PipelineProfile,
+    plan: Plan,
+    trace: np.ndarray,
+    arrivals: np.ndarray,
+    payloads: list[Arrays],
+    out: Path,
+    report: Callable[[str], None],
+) -> PipelineProfile:
+    """Serve ``plan`` on ``arrivals`` with the sample ``payloads``, write the calibration
+    to ``out``, report what was measured beside the estimates with and without it, and
+    return ``profile`` calibrated."""
+    from sloline.serving import process
+
+    q = loaded.pipeline.spec.slo.percentile
+    run = process.run(measure_in_situ(loaded, plan, profile, arrivals, payloads, catalog))
+    # The router's CPU against the estimator's on the same arrivals, everything else
+    # calibrated: the scale of the profile's router costs.
+    calibration = run.calibration.with_router_cpu_on(
+        run.router_cpu_s, Topology.from_graph(loaded.graph), profile, plan.config, arrivals
+    )
+    calibration.save(out)
+    report(f"{calibration.summary()}\ncalibration written to {out}")
+    calibrated = calibration.apply(profile)
+    measured = np.percentile(run.latencies_s, q) * 1e3 if run.latencies_s.size else math.nan
+    errors = sum(run.errors.values())
+    report(
+        f"measured: P{q:g} {measured:.1f} ms, attainment {run.attainment:.2%} of {run.sent} "
+        f"requests" + (f", {errors} errors: {run.errors}" if errors else "")
+    )
+    tails = [
+        _estimate_on(loaded, catalog, p, plan, times).percentile_s(q) * 1e3
+        for p, times in (
+            (profile, arrivals),
+            (calibrated, arrivals),
+            (profile, trace),
+            (calibrated, trace),
+        )
+    ]
+    report(
+        f"estimated P{q:g} of this plan: on the same arrivals {tails[0]:.1f} ms from the "
+        f"profile, {tails[1]:.1f} ms calibrated; on the whole planning trace "
+        f"{tails[2]:.1f} and {tails[3]:.1f} ms"
+    )
+    return calibrated
+
+
+def _estimate_on(
+    loaded: LoadedPipeline,
+    catalog: HardwareCatalog,
+    profile: PipelineProfile,
+    plan: Plan,
+    arrivals_s: np.ndarray,
+) -> Estimate:
+    """The estimator's latencies of ``plan`` on ``arrivals_s`` with ``profile``."""
+    problem = PlanningProblem.from_graph(loaded.graph, profile, catalog, arrivals_s)
+    return Evaluator(problem).estimate(plan.config)  # both in topology order

@@ -412,16 +412,17 @@ def test_grpc_connection_without_handshake_is_closed(served: BackgroundPipeline)
 
 @pytest.mark.parametrize("command", ["run", "router"])
 def test_every_limit_flag_reaches_server_settings(command: str) -> None:
-    from sloline.cli import _LIMIT_FLAGS, _limits, build_parser
+    from sloline.cli.flags import LIMIT_FLAGS, limits
+    from sloline.cli.parser import build_parser
 
-    values = {name: (7 if kind is int else 1.5) for name, (kind, _) in _LIMIT_FLAGS.items()}
+    values = {name: (7 if kind is int else 1.5) for name, (kind, _) in LIMIT_FLAGS.items()}
     base = [command, "pipeline.yaml"] if command == "run" else [command, "--pipeline", "p"]
     argv = list(base)
     for name, value in values.items():
         argv += ["--" + name.replace("_", "-"), str(value)]
-    settings = ServerSettings(**_limits(build_parser().parse_args(argv)))
+    settings = ServerSettings(**limits(build_parser().parse_args(argv)))
     assert {name: getattr(settings, name) for name in values} == values
-    assert ServerSettings(**_limits(build_parser().parse_args(base))) == ServerSettings()
+    assert ServerSettings(**limits(build_parser().parse_args(base))) == ServerSettings()
 
 
 def test_connection_caps_fit_the_open_files_limit() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,6 +117,47 @@ def test_missing_model_file_says_how_to_build(tmp_path: Path) -> None:
     result = sloline("run", str(folder / "pipeline.yaml"), "--no-plan")
     assert result.returncode == 2
     assert "models/m.onnx does not exist; build it with: python" in result.stderr
+
+
+def _one_error(result: subprocess.CompletedProcess[str], message: str) -> None:
+    """Exit 2 and ``message`` as the one error line on stderr, without a traceback."""
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert [line for line in lines if "error:" in line] == [lines[-1]]
+    assert re.fullmatch(message, lines[-1]), lines[-1]
+
+
+def test_user_mistakes_are_one_error_line_and_exit_2(tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(NOOP.parent, broken)
+    pipeline = broken / NOOP.name
+    pipeline.write_text(pipeline.read_text().replace("noop_stages:identity", "noop_stages:nope", 1))
+    _one_error(
+        sloline("profile", str(pipeline), "--cache-dir", str(tmp_path / "profiles")),
+        r"error: stage 's1': module 'noop_stages' .* has no attribute 'nope'; .*",
+    )
+    _one_error(
+        sloline("run", str(NOOP), "--no-plan", "--queue-capacity", "0"),
+        r"error: max_batch and capacity must be at least 1",
+    )
+    (tmp_path / "file").write_text("")
+    logs = tmp_path / "file" / "logs"
+    _one_error(
+        sloline("run", str(NOOP), "--no-plan", "--log-dir", str(logs)),
+        rf"error: \[Errno 20\] Not a directory: '{re.escape(str(logs))}'",
+    )
+    _one_error(
+        sloline("run", str(NOOP), "--port", "70000"),
+        r"sloline run: error: argument --port: invalid port value: '70000'",
+    )
+    _one_error(
+        sloline("router", "--pipeline", str(NOOP), "--insecure-workers", "--worker-port", "-1"),
+        r"sloline router: error: argument --worker-port: invalid port value: '-1'",
+    )
+    result = sloline("plan", str(NOOP), "--profile-hardware", "cpu-1,tpu")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--profile-hardware: ['tpu'] not in the catalog" in result.stderr
 
 
 def _run(port: int, grpc_port: int) -> subprocess.Popen[str]:

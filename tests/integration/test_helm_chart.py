@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 import sloline
-from sloline.cli import build_parser
+from sloline.cli.parser import build_parser
 from sloline.operator.settings import OperatorSettings, parse_settings
 from sloline.spec.crd import crd_manifest
 from sloline.spec.hardware import (

@@ -237,7 +237,7 @@ def test_contract_commands_ports_and_mounts() -> None:
 def test_a_fixed_hop_setting_skips_the_jobs_hop_probe() -> None:
     """With `profiling.hopS` set the planner never reads the Jobs' measured hop, so they
     do not spend their loopback probe on it; the flag parses with the real CLI."""
-    from sloline.cli import build_parser
+    from sloline.cli.parser import build_parser
 
     t = Target.of(pipeline_object(NOOP))
     settings = OperatorSettings.model_validate({"profiling": {"hopS": 0.001}})
@@ -247,7 +247,7 @@ def test_a_fixed_hop_setting_skips_the_jobs_hop_probe() -> None:
 
 
 def test_hardware_class_placement_and_models_volume() -> None:
-    from sloline.cli import build_parser
+    from sloline.cli.parser import build_parser
 
     settings = gpu_settings()
     t = Target.of(pipeline_object(DIGITS, annotations={"sloline.dev/model-dir": "shared/d"}))
@@ -294,7 +294,7 @@ def test_object_names_always_fit(parts: list[str]) -> None:
 
 def test_every_rendered_command_parses_with_the_real_cli(case: str) -> None:
     """The flags the operator renders are the flags `sloline` accepts (no drift)."""
-    from sloline.cli import build_parser
+    from sloline.cli.parser import build_parser
 
     _, objects = render_case(case)
     parser = build_parser()
@@ -315,7 +315,7 @@ def test_front_door_secrets_from_the_pipelines_annotations() -> None:
     """`sloline.dev/tls-secret`, `client-ca-secret` and `auth-secret` mount those Secrets
     read-only into the router pod and turn on the flags that read them; with TLS the
     kubelet probes the plain metrics port. Workers are untouched."""
-    from sloline.cli import build_parser
+    from sloline.cli.parser import build_parser
 
     annotations = {
         "sloline.dev/tls-secret": "noop-tls",
