@@ -56,13 +56,8 @@ from sloline.operator.planning import (
     profile_tasks,
     read_cache,
 )
-from sloline.operator.render import (
-    pipeline_file,
-    render,
-    render_profiles_cache,
-    render_profiling_job,
-    secret_token,
-)
+from sloline.operator.pods import render_profiling_job
+from sloline.operator.render import pipeline_file, render, render_profiles_cache, secret_token
 from sloline.operator.settings import OperatorSettings
 from sloline.operator.status import (
     INTERNAL_ERROR,
