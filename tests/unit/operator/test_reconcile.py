@@ -24,7 +24,7 @@ from tests.support.kube import KubeEmulator
 from tests.unit.operator.helpers import NOOP
 
 ROOT = Path(__file__).resolve().parents[3]
-CRD = ROOT / "crds" / "predictionpipelines.sloline.dev.yaml"
+CRD = ROOT / "helm" / "sloline" / "crds" / "predictionpipelines.sloline.dev.yaml"
 
 
 def test_a_reconcile_decodes_each_profile_message_once(
