@@ -12,6 +12,7 @@ sit beside the planner's plan on equal terms.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -20,12 +21,26 @@ from sloline.common.trace import mean_rate_rps, peak_rate_rps
 from sloline.planner.config import StageConfig
 from sloline.planner.estimator import no_queue_latencies, summary_stat
 from sloline.planner.evaluator import Evaluator
-from sloline.planner.plan import Baseline
 from sloline.planner.problem import PlanningProblem
 
-__all__ = ["cg_baseline", "cg_baselines"]
+__all__ = ["Baseline", "cg_baseline", "cg_baselines"]
 
 Kind = Literal["cg-mean", "cg-peak"]
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """A coarse-grained baseline (§6): the whole pipeline replicated ``units`` times as one
+    unit, every stage on ``hardware`` with ``max_batch``, provisioned for ``rate_rps``."""
+
+    name: Kind
+    hardware: str
+    max_batch: int
+    units: int
+    rate_rps: float
+    cost_per_hour: float
+    tail_s: float  # estimated latency at the SLO percentile on the planning trace
+    attainment: float  # estimated fraction of queries within the SLO
 
 
 def _largest_batch(problem: PlanningProblem, evaluator: Evaluator, hardware: str) -> int | None:

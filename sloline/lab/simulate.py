@@ -56,7 +56,7 @@ from sloline.lab.traces import Trace
 from sloline.planner.config import StageConfig
 from sloline.planner.estimator import Workload
 from sloline.planner.evaluator import Evaluator
-from sloline.planner.plan import Baseline, Plan
+from sloline.planner.plan import Plan
 from sloline.planner.planner import InfeasibleError
 from sloline.planner.planner import plan as make_plan
 from sloline.planner.problem import PlanningProblem
@@ -255,10 +255,8 @@ def _per_stage(
     return Policy(name, config, step, states)
 
 
-def _cg_autoscale(problem: PlanningProblem, plan: Plan, settings: SimulationSettings) -> Policy:
-    baseline: Baseline | None = next((b for b in plan.baselines if b.name == "cg-mean"), None)
-    if baseline is None:
-        baseline = cg_baseline(problem, Evaluator(problem), "cg-mean")
+def _cg_autoscale(problem: PlanningProblem, settings: SimulationSettings) -> Policy:
+    baseline = cg_baseline(problem, Evaluator(problem), "cg-mean")
     if baseline is None:
         raise InfeasibleError(
             "NoCoarseGrainedConfig",
@@ -307,7 +305,7 @@ def build_policy(
     if name == "inferline-replan":
         return _inferline_replan(problem, plan, _tuner_settings(plan, settings), settings.replan)
     if name == "cg-autoscale":
-        return _cg_autoscale(problem, plan, settings)
+        return _cg_autoscale(problem, settings)
     if name not in _PER_STAGE:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     return _PER_STAGE[name](plan.config, bounds, settings)

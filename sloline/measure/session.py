@@ -68,7 +68,7 @@ def plan_pipeline(
 
 
 def plot_latency_cdf(session: PlanningSession, path: Path) -> None:
-    """Estimated end-to-end latency CDF of the plan (and the CG baselines' tails) vs the SLO."""
+    """Estimated end-to-end latency CDF of the plan vs the SLO."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -84,13 +84,6 @@ def plot_latency_cdf(session: PlanningSession, path: Path) -> None:
     ax.axhline(
         plan_.percentile / 100.0, color="grey", linestyle=":", label=f"P{plan_.percentile:g}"
     )
-    for baseline in plan_.baselines:
-        ax.axvline(
-            baseline.tail_s * 1000.0,
-            linestyle="-.",
-            alpha=0.6,
-            label=f"{baseline.name} P{plan_.percentile:g} (${baseline.cost_per_hour:.3f}/h)",
-        )
     ax.set_xlabel("estimated end-to-end latency (ms)")
     ax.set_ylabel("fraction of queries")
     ax.set_title(f"{plan_.pipeline}: estimated latency on the planning trace")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -29,7 +29,7 @@ from sloline.operator.naming import ANNOTATION_MODEL_DIR, Target, digest, model_
 from sloline.operator.settings import OperatorSettings
 from sloline.planner.plan import Plan
 from sloline.planner.profile import PipelineProfile
-from sloline.planner.profile_message import assemble_profile, decode_message
+from sloline.planner.profile_message import ProfileMessage, assemble_profile, decode_message
 from sloline.spec import Issue, PipelineGraph
 
 RESERVED_STAGE_NAMES = frozenset({"router", "config", "profiles"})
@@ -46,10 +46,17 @@ class ProfileTask:
 
 @dataclass(frozen=True, slots=True)
 class CacheEntry:
-    """A cached profile message and the dataflow digest it was measured under."""
+    """A cached profile message, decoded once, and the dataflow digest it was measured
+    under."""
 
     message: str
     dataflow: str
+    decoded: ProfileMessage = field(compare=False, repr=False)
+
+    @classmethod
+    def of(cls, message: str, dataflow: str) -> CacheEntry:
+        """The entry of a message; ValueError when it is not a profile message."""
+        return cls(message, dataflow, decode_message(message))
 
     def to_text(self) -> str:
         return json.dumps({"dataflow": self.dataflow, "message": self.message}, sort_keys=True)
@@ -57,7 +64,7 @@ class CacheEntry:
     @classmethod
     def from_text(cls, text: str) -> CacheEntry:
         doc = json.loads(text)
-        return cls(message=str(doc["message"]), dataflow=str(doc["dataflow"]))
+        return cls.of(str(doc["message"]), str(doc["dataflow"]))
 
 
 def operator_issues(target: Target, settings: OperatorSettings) -> list[Issue]:
@@ -179,7 +186,6 @@ def read_cache(data: Mapping[str, str]) -> dict[str, CacheEntry]:
             continue
         try:
             entry = CacheEntry.from_text(text)
-            decode_message(entry.message)
         except (ValueError, KeyError, TypeError):
             continue
         out[key] = entry
@@ -198,7 +204,7 @@ def assemble(
     ordered = [e for e in entries if e.dataflow != dataflow] + [
         e for e in entries if e.dataflow == dataflow
     ]
-    return assemble_profile([e.message for e in ordered], hop_s=settings.profiling.hop_s)
+    return assemble_profile([e.decoded for e in ordered], hop_s=settings.profiling.hop_s)
 
 
 def plan_inputs(target: Target, settings: OperatorSettings, tasks: Sequence[ProfileTask]) -> str:

@@ -56,13 +56,8 @@ from sloline.operator.planning import (
     profile_tasks,
     read_cache,
 )
-from sloline.operator.render import (
-    pipeline_file,
-    render,
-    render_profiles_cache,
-    render_profiling_job,
-    secret_token,
-)
+from sloline.operator.pods import render_profiling_job
+from sloline.operator.render import pipeline_file, render, render_profiles_cache, secret_token
 from sloline.operator.settings import OperatorSettings
 from sloline.operator.status import (
     INTERNAL_ERROR,
@@ -74,7 +69,6 @@ from sloline.operator.status import (
     with_readiness,
 )
 from sloline.planner.plan import Plan
-from sloline.planner.profile_message import decode_message
 from sloline.serving.auth import generate_token
 from sloline.spec import Issue, PipelineError
 
@@ -179,9 +173,10 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], event: EventFn) -> 
     try:
         target = _validate(ctx, body, changes, event)
         tasks = profile_tasks(target, ctx.settings)
-        cache = _profile(ctx, target, tasks, changes, event)
+        dataflow = dataflow_digest(target, ctx.settings)
+        cache = _profile(ctx, target, tasks, dataflow, changes, event)
         flush = lambda: update_status(ctx, namespace, name, change)  # noqa: E731
-        plan, inputs = _plan(ctx, target, tasks, cache, changes, event, flush)
+        plan, inputs = _plan(ctx, target, tasks, cache, dataflow, changes, event, flush)
         report = _deploy(ctx, target, plan, inputs, changes)
     except (Waiting, Failed):
         update_status(ctx, namespace, name, change)
@@ -284,23 +279,28 @@ def _job_failure(job: Mapping[str, Any]) -> str:
 
 
 def _harvest(
-    results: list[tuple[int, str]], task: ProfileTask, job: Mapping[str, Any], state: str
-) -> tuple[str | None, str | None]:
-    """(message, failure) of a finished Job (`state` from `_job_state`) from its pods'
-    termination `results`: its profile message, or why it failed."""
+    results: list[tuple[int, str]],
+    task: ProfileTask,
+    job: Mapping[str, Any],
+    state: str,
+    dataflow: str,
+) -> tuple[CacheEntry | None, str | None]:
+    """(entry, failure) of a finished Job (`state` from `_job_state`) from its pods'
+    termination `results`: the cache entry of its profile message, or why it failed."""
     if state == "succeeded":
         for code, text in results:
             if code == 0 and text:
                 try:
-                    message = decode_message(text)
+                    entry = CacheEntry.of(text, dataflow)
                 except ValueError as exc:
                     return None, str(exc)
+                message = entry.decoded
                 if (message.stage, message.hardware) != (task.stage, task.hardware):
                     return None, (
                         f"the Job reported stage {message.stage!r} on {message.hardware!r}, "
                         f"expected {task.stage!r} on {task.hardware!r}"
                     )
-                return text, None
+                return entry, None
         seen = "; ".join(f"exit code {code}, {len(text)}-byte message" for code, text in results)
         return None, (
             f"the Job succeeded but no pod left a profile in its termination message ({seen})"
@@ -345,9 +345,9 @@ def _collect(
             # Job is pruned below and measured again.
             found.to_create.append(task)
             continue
-        message, failure = _harvest(results, task, job, state)
-        if message is not None:
-            cache[task.key] = CacheEntry(message, dataflow)
+        entry, failure = _harvest(results, task, job, state, dataflow)
+        if entry is not None:
+            cache[task.key] = entry
         else:
             found.failures.append(f"{task.stage} on {task.hardware}: {failure}")
     return found
@@ -357,6 +357,7 @@ def _profile(
     ctx: OperatorContext,
     target: Target,
     tasks: tuple[ProfileTask, ...],
+    dataflow: str,
     changes: StatusChanges,
     event: EventFn,
 ) -> dict[str, CacheEntry]:
@@ -368,7 +369,7 @@ def _profile(
         k: v for k, v in read_cache((live_cache or {}).get("data") or {}).items() if k in wanted
     }
     missing = [t for t in tasks if t.key not in cache]
-    found = _collect(ctx, target, missing, cache, dataflow_digest(target, settings))
+    found = _collect(ctx, target, missing, cache, dataflow)
     entries = {k: v.to_text() for k, v in cache.items()}
     files = (live_cache or {}).get("data") or {}
     if found.to_create or "pipeline.yaml" not in files:  # new Jobs read the current spec
@@ -412,6 +413,7 @@ def _plan(
     target: Target,
     tasks: tuple[ProfileTask, ...],
     cache: Mapping[str, CacheEntry],
+    dataflow: str,
     changes: StatusChanges,
     event: EventFn,
     flush: Callable[[], object],
@@ -431,7 +433,6 @@ def _plan(
             )
     changes.set("Planned", "Unknown", "Planning", "planning with the cached profiles")
     flush()
-    dataflow = dataflow_digest(target, settings)
     try:
         plan = plan_from_profile(target, assemble(tasks, cache, dataflow, settings), settings)
     except ValueError as exc:

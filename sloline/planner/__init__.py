@@ -6,6 +6,7 @@
 - :mod:`~sloline.planner.estimator` — the discrete-event simulation of the router (§4.2),
   with :mod:`~sloline.planner.queueing` as its compiled inner loop;
 - :mod:`~sloline.planner.planner` — Algorithms 1 and 2 (§4.3) and :func:`plan`;
+- :mod:`~sloline.planner.describe` — a configuration packaged as a plan, its headroom;
 - :mod:`~sloline.lab.optimum` — branch and bound, to measure the greedy gap;
 - :mod:`~sloline.lab.cg` — CG-Mean and CG-Peak (§6);
 - :mod:`~sloline.planner.plan` — the plan as data, for the CLI, the operator and the tuner.

@@ -25,7 +25,7 @@ from typing import Any
 from sloline.common.envelope import Envelope
 from sloline.planner.config import Config, StageConfig
 
-__all__ = ["Baseline", "Plan", "StagePlan"]
+__all__ = ["Plan", "StagePlan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,46 +77,6 @@ class StagePlan:
 
 
 @dataclass(frozen=True, slots=True)
-class Baseline:
-    """A coarse-grained baseline (§6): the whole pipeline replicated ``units`` times as one
-    unit, every stage on ``hardware`` with ``max_batch``, provisioned for ``rate_rps``."""
-
-    name: str  # "cg-mean" or "cg-peak"
-    hardware: str
-    max_batch: int
-    units: int
-    rate_rps: float
-    cost_per_hour: float
-    tail_s: float  # estimated latency at the SLO percentile on the planning trace
-    attainment: float  # estimated fraction of queries within the SLO
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "hardware": self.hardware,
-            "maxBatch": self.max_batch,
-            "units": self.units,
-            "rateRps": self.rate_rps,
-            "costPerHour": self.cost_per_hour,
-            "tailSeconds": self.tail_s,
-            "attainment": self.attainment,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Baseline:
-        return cls(
-            name=str(data["name"]),
-            hardware=str(data["hardware"]),
-            max_batch=int(data["maxBatch"]),
-            units=int(data["units"]),
-            rate_rps=float(data["rateRps"]),
-            cost_per_hour=float(data["costPerHour"]),
-            tail_s=float(data["tailSeconds"]),
-            attainment=float(data["attainment"]),
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class Plan:
     """The planner's decision for a pipeline, with its estimated performance."""
 
@@ -131,10 +91,9 @@ class Plan:
     attainment: float  # estimated fraction of queries within the SLO
     rate_rps: float  # λ, mean arrival rate of the planning trace
     envelope: Envelope  # of the planning trace
-    baselines: tuple[Baseline, ...] = ()
     headroom: float = 1.0
     """x*: the estimator says this configuration still meets the SLO on the planning
-    trace played up to this many times faster (:func:`sloline.planner.planner.headroom`)."""
+    trace played up to this many times faster (:func:`sloline.planner.describe.headroom`)."""
 
     @property
     def config(self) -> Config:
@@ -163,7 +122,6 @@ class Plan:
                 "windowsSeconds": list(self.envelope.windows_s),
                 "ratesRps": list(self.envelope.rates_rps),
             },
-            "baselines": [b.to_dict() for b in self.baselines],
             "headroom": self.headroom,
         }
 
@@ -185,12 +143,11 @@ class Plan:
                 tuple(float(w) for w in envelope["windowsSeconds"]),
                 tuple(float(r) for r in envelope["ratesRps"]),
             ),
-            baselines=tuple(Baseline.from_dict(b) for b in data.get("baselines", ())),
             headroom=float(data.get("headroom", 1.0)),
         )
 
     def to_table(self) -> str:
-        """A compact text rendering for the CLI, with the CG baselines' cost beside."""
+        """A compact text rendering for the CLI."""
         p = f"P{self.percentile:g}"
         header = ("stage", "hardware", "batch", "replicas", "$/hour", "mu rps", "rho", "s_m")
         rows: list[tuple[str, ...]] = [(*header, "util")]
@@ -226,11 +183,4 @@ class Plan:
             f"{self.attainment:.2%} of queries within the SLO; holds it up to "
             f"{self.headroom:.2f}x the planned rate"
         )
-        for b in self.baselines:
-            ratio = f" ({b.cost_per_hour / self.cost_per_hour:.1f}x)" if self.cost_per_hour else ""
-            lines.append(
-                f"{b.name}: ${b.cost_per_hour:.3f}/hour{ratio}, {b.units} x whole pipeline on "
-                f"{b.hardware}, batch {b.max_batch}, for {b.rate_rps:.1f} rps; estimated {p} "
-                f"{b.tail_s * 1e3:.1f} ms, {b.attainment:.2%} within the SLO"
-            )
         return "\n".join(lines)

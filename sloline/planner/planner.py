@@ -13,8 +13,8 @@ At termination the two guarantees of §4.3 hold: (1) if some configuration in th
 space meets the SLO, a valid one is returned (Algorithm 1 reaches the no-queueing
 configuration); (2) no single action lowers the cost without violating the SLO.
 
-:func:`plan` runs both, prices the CG baselines beside, measures the plan's
-:func:`headroom`, and packages a :class:`Plan`.
+:func:`plan` runs both and packages the result as a :class:`Plan`
+(:func:`sloline.planner.describe.describe`, with the plan's headroom).
 """
 
 from __future__ import annotations
@@ -26,13 +26,11 @@ from typing import Literal
 
 import numpy as np
 
-from sloline.common.envelope import Envelope, window_sizes
-from sloline.common.trace import mean_rate_rps
-from sloline.lab.cg import cg_baselines
 from sloline.planner.config import Config, StageConfig
+from sloline.planner.describe import describe
 from sloline.planner.estimator import no_queue_latencies
 from sloline.planner.evaluator import Evaluation, Evaluator
-from sloline.planner.plan import Plan, StagePlan
+from sloline.planner.plan import Plan
 from sloline.planner.problem import PlanningProblem
 
 __all__ = [
@@ -40,7 +38,6 @@ __all__ = [
     "InfeasibleError",
     "Variant",
     "actions",
-    "describe",
     "initialize",
     "minimize_cost",
     "plan",
@@ -400,91 +397,6 @@ def minimize_cost(
         config = best.config
 
 
-HEADROOM_MAX = 64.0  # how far headroom() looks
-HEADROOM_STEP = 1.01  # and to what precision
-
-
-def headroom(problem: PlanningProblem, config: Config) -> float:
-    """x*: how many times faster the planning trace can be played (every arrival time
-    divided by x) while ``config`` still meets the SLO in the estimator, to within
-    ``HEADROOM_STEP``, at most ``HEADROOM_MAX``; 1 if it does not meet it at 1.
-
-    The planner stops where one more action breaks the SLO, so a stage's rho_m says at
-    which utilisation it was left, not how much more the plan holds: with whole replicas
-    and batch sizes that can be a good deal more (a stage at its replica floor is often
-    nowhere near full). Information for the user (``sloline plan`` prints it); the tuner
-    does not use it (docs/tuner.md, "Floor stages"). Assumes feasibility falls
-    monotonically with the rate (bisection)."""
-
-    def holds(x: float) -> bool:
-        faster = replace(problem, arrivals_s=problem.arrivals_s / x)
-        return Evaluator(faster).feasible(config)
-
-    if not holds(1.0):
-        return 1.0
-    low, high = 1.0, 2.0
-    while high <= HEADROOM_MAX and holds(high):
-        low, high = high, 2.0 * high
-    if low >= HEADROOM_MAX:
-        return HEADROOM_MAX
-    while high / low > HEADROOM_STEP:
-        middle = math.sqrt(low * high)
-        low, high = (middle, high) if holds(middle) else (low, middle)
-    return low
-
-
-def describe(problem: PlanningProblem, evaluator: Evaluator, config: Config) -> Plan:
-    """Package a configuration as a :class:`Plan` with everything the tuner needs (§5)."""
-    topology, profile = problem.topology, problem.profile
-    verdict = evaluator.evaluate(config)
-    result = evaluator.estimate(config)
-    rate = mean_rate_rps(problem.arrivals_s)
-    stages: list[StagePlan] = []
-    occupancy: list[float] = []
-    for name, c, stats in zip(topology.stages, config, result.stages, strict=True):
-        stage = problem.stage_profile(name, c.hardware)
-        latency = stage.latency_s(c.max_batch)
-        mu = c.max_batch / latency
-        s_m = profile.scale_factors[name]
-        occupancy.append(latency + profile.hop_s)
-        stages.append(
-            StagePlan(
-                name=name,
-                hardware=c.hardware,
-                max_batch=c.max_batch,
-                replicas=c.replicas,
-                cost_per_hour=round(c.replicas * problem.hardware_costs[c.hardware], 9),
-                throughput_rps=mu,
-                rho=rate * s_m / (c.replicas * mu),
-                scale_factor=s_m,
-                service_s=latency,
-                mean_batch=stats.mean_batch,
-                utilisation=stats.utilisation,
-            )
-        )
-    service_s, _ = topology.longest_path(occupancy)
-    span = float(problem.arrivals_s[-1] - problem.arrivals_s[0])
-    # Windows from the service time T_s doubling up to 60 s (§5), but no longer than the
-    # trace: a window wider than the trace would under-state its rate.
-    base = min(service_s, 60.0)
-    windows = window_sizes(base, max(base, min(60.0, span)))
-    return Plan(
-        pipeline=problem.name,
-        stages=tuple(stages),
-        slo_s=problem.slo_s,
-        percentile=problem.percentile,
-        cost_per_hour=verdict.cost_per_hour,
-        p50_s=verdict.p50_s,
-        p99_s=verdict.p99_s,
-        tail_s=verdict.tail_s,
-        attainment=verdict.attainment,
-        rate_rps=rate,
-        envelope=Envelope.of_trace(problem.arrivals_s, windows),
-        baselines=cg_baselines(problem, evaluator),
-        headroom=headroom(problem, config),
-    )
-
-
 def plan(
     problem: PlanningProblem,
     evaluator: Evaluator | None = None,
@@ -492,7 +404,7 @@ def plan(
     variant: Variant = "sloline",
     warm_start: Config | None = None,
 ) -> Plan:
-    """Plan a pipeline: Algorithm 1, then Algorithm 2, then the CG baselines for contrast.
+    """Plan a pipeline: Algorithm 1, then Algorithm 2.
 
     ``warm_start``, a configuration known to be feasible (the deployed plan when
     re-planning, or a plan for a tighter SLO), is descended from as well and the cheaper

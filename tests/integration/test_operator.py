@@ -43,7 +43,7 @@ from tests.support.prometheus import Prometheus
 from tests.support.serve import build_example
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "predictionpipelines.sloline.dev.yaml"
+CRD = ROOT / "helm" / "sloline" / "crds" / "predictionpipelines.sloline.dev.yaml"
 NOOP_DIR = ROOT / "tests" / "support" / "pipelines" / "noop"
 NS = "default"
 PIPELINE = "predictionpipelines"

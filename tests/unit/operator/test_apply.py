@@ -7,7 +7,7 @@ import copy
 from typing import Any
 
 from sloline.operator.apply import covers, patch_for, with_applied_digest
-from sloline.operator.render import render_worker
+from sloline.operator.pods import render_worker
 from sloline.operator.settings import OperatorSettings
 from tests.unit.operator.helpers import gpu_settings, target
 

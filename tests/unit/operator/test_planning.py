@@ -114,7 +114,7 @@ def noop_cache() -> tuple[Target, tuple[ProfileTask, ...], dict[str, CacheEntry]
     files = (pipeline_file(t.graph), catalog_file(SETTINGS))
     model_dir = str(NOOP.parent)
     cache = {
-        task.key: CacheEntry(
+        task.key: CacheEntry.of(
             profile_message(*files, task.stage, task.hardware, model_dir), dataflow
         )
         for task in tasks
@@ -144,6 +144,9 @@ def test_routing_comes_from_a_message_of_the_current_dataflow() -> None:
     stale = encode_profile("b", "cpu-1", profile, visits=np.ones((4, 2), bool), visit_stages=stages)
     current_visits = np.array([[1, 0], [1, 1], [1, 0], [1, 0]], bool)
     current = encode_profile("a", "cpu-1", profile, visits=current_visits, visit_stages=stages)
-    cache = {"a.cpu-1.1": CacheEntry(current, "now"), "b.cpu-1.2": CacheEntry(stale, "before")}
+    cache = {
+        "a.cpu-1.1": CacheEntry.of(current, "now"),
+        "b.cpu-1.2": CacheEntry.of(stale, "before"),
+    }
     assembled = assemble(tasks, cache, "now", SETTINGS)
     assert assembled.scale_factors["b"] == 0.25

@@ -13,7 +13,8 @@ import pytest
 
 from sloline.operator.naming import Target
 from sloline.operator.planning import profile_tasks
-from sloline.operator.render import render, render_profiling_job
+from sloline.operator.pods import render_profiling_job
+from sloline.operator.render import render
 from sloline.operator.settings import OperatorSettings
 from tests.unit.operator.helpers import DIGITS, NOOP, gpu_settings, make_plan, pipeline_object
 

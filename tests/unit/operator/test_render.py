@@ -16,13 +16,8 @@ from hypothesis import strategies as st
 
 from sloline.operator.naming import MAX_NAME, Target, object_name
 from sloline.operator.planning import catalog_file, profile_tasks
-from sloline.operator.render import (
-    Manifest,
-    pipeline_file,
-    render,
-    render_profiles_cache,
-    render_profiling_job,
-)
+from sloline.operator.pods import Manifest, render_profiling_job
+from sloline.operator.render import pipeline_file, render, render_profiles_cache
 from sloline.operator.settings import OperatorSettings
 from tests.unit.operator.helpers import DIGITS, NOOP, gpu_settings, make_plan, pipeline_object
 

@@ -13,15 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sloline.common.trace import gamma_arrivals
+from sloline.lab.cg import cg_baselines
 from sloline.lab.optimum import optimal_config
 from sloline.lab.synthetic import random_problem
 from sloline.planner.config import Config, StageConfig
+from sloline.planner.describe import HEADROOM_MAX, HEADROOM_STEP
 from sloline.planner.estimator import Workload, estimate
 from sloline.planner.evaluator import Evaluation, Evaluator
 from sloline.planner.overhead import ServingOverhead
 from sloline.planner.planner import (
-    HEADROOM_MAX,
-    HEADROOM_STEP,
     InfeasibleError,
     initialize,
     minimize_cost,
@@ -277,7 +277,6 @@ def test_plan_carries_what_the_tuner_needs() -> None:
     assert windows[-1] <= 20.0
     assert all(b == pytest.approx(2 * a) for a, b in itertools.pairwise(windows))
     assert planned.envelope.rates_rps[-1] == pytest.approx(rate, rel=0.1)
-    assert [b.name for b in planned.baselines] == ["cg-mean", "cg-peak"]
 
 
 @pytest.mark.parametrize("seed", [3, 8, 21])
@@ -297,8 +296,11 @@ def test_headroom_is_the_rate_multiple_at_which_the_plan_stops_meeting_the_slo(
 
 
 def test_cg_baselines_replicate_the_whole_pipeline() -> None:
-    planned = plan(two_stage(80.0, slo_s=0.03))
-    mean, peak = planned.baselines
+    problem = two_stage(80.0, slo_s=0.03)
+    evaluator = Evaluator(problem)
+    planned = plan(problem, evaluator)
+    mean, peak = cg_baselines(problem, evaluator)
+    assert (mean.name, peak.name) == ("cg-mean", "cg-peak")
     assert peak.rate_rps > mean.rate_rps > 70.0
     assert mean.hardware == peak.hardware == "gpu"  # the CPU cannot serve dnn within 30 ms
     # Largest batch whose service time fits: pre 8 ms + dnn 8 ms + 2 hops at batch 4.

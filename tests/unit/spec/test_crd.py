@@ -9,15 +9,12 @@ import yaml
 from sloline.spec.crd import crd_manifest
 
 ROOT = Path(__file__).resolve().parents[3]
+CRD = "helm/sloline/crds/predictionpipelines.sloline.dev.yaml"  # the repository's one copy
 
 
 def test_crd_in_sync_with_models() -> None:
-    checked_in = yaml.safe_load(
-        (ROOT / "crds" / "predictionpipelines.sloline.dev.yaml").read_text()
-    )
-    assert checked_in == crd_manifest(), (
-        "crds/ is stale: regenerate with `sloline crd > crds/predictionpipelines.sloline.dev.yaml`"
-    )
+    checked_in = yaml.safe_load((ROOT / CRD).read_text())
+    assert checked_in == crd_manifest(), f"{CRD} is stale: regenerate with `sloline crd > {CRD}`"
 
 
 def _walk(node: object) -> list[dict[str, object]]:

@@ -18,7 +18,9 @@ import yaml
 from sloline.spec import PipelineError, parse_pipeline
 
 ROOT = Path(__file__).resolve().parents[3]
-CRD = yaml.safe_load((ROOT / "crds" / "predictionpipelines.sloline.dev.yaml").read_text())
+CRD = yaml.safe_load(
+    (ROOT / "helm" / "sloline" / "crds" / "predictionpipelines.sloline.dev.yaml").read_text()
+)
 VERSION = CRD["spec"]["versions"][0]
 SCHEMA = VERSION["schema"]["openAPIV3Schema"]
 EXAMPLES = sorted(ROOT.glob("examples/*/pipeline.yaml")) + sorted(

@@ -4,7 +4,7 @@ The panels are data (:data:`ROWS`: title, PromQL, unit, width); :func:`build` tu
 into an SDK dashboard and :func:`dashboard_json` into the JSON the Helm chart ships as
 ``helm/sloline/files/dashboards/slo-attainment.json``. Regenerate that file with::
 
-    python -m sloline.monitoring.dashboard helm/sloline/files/dashboards/slo-attainment.json
+    python scripts/dashboard.py helm/sloline/files/dashboards/slo-attainment.json
 
 (a test checks it is in sync, and another runs every query against a real Prometheus).
 Queries use only the metrics of :mod:`sloline.serving.metrics` and no hard-coded SLO:
@@ -12,7 +12,8 @@ targets come from ``sloline_slo_seconds`` / ``sloline_slo_percentile``. Series a
 aggregated ``by (pipeline, ...)``, so several router replicas add up (rates, ready
 workers) or de-duplicate (``max``: targets, desired replicas, cost).
 
-Needs the ``grafana-foundation-sdk`` package (a dev dependency); the shipped JSON does not.
+Needs the ``grafana-foundation-sdk`` package (a dev dependency), which is why this lives
+outside the ``sloline`` package; the shipped JSON does not.
 """
 
 from __future__ import annotations
