@@ -86,6 +86,7 @@ from sloline.serving.process import ChildProcess
 process.use_grpc_iomgr()
 
 from sloline.backends.local import WORKER_NICE  # noqa: E402
+from sloline.common.tensors import Arrays  # noqa: E402
 from sloline.common.trace import gamma_arrivals  # noqa: E402
 from sloline.embedded import EmbeddedPipeline, EmbeddedSettings  # noqa: E402
 from sloline.embedded import StageConfig as ServedConfig  # noqa: E402
@@ -118,7 +119,6 @@ from sloline.spec import DEFAULT_CATALOG, LoadedPipeline, load_pipeline  # noqa:
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
 T = TypeVar("T")
-Arrays = dict[str, np.ndarray]
 
 # Arrival rates as multiples of the spec's planning rate (the plan is made for 1.0).
 # image-ensemble: the `large` CNN is the bottleneck (14-17 ms per item profiled on one

@@ -33,7 +33,7 @@ from sloline.spec import (
 if TYPE_CHECKING:
     import numpy as np
 
-    from sloline.measure.calibrate import Arrays
+    from sloline.common.tensors import Arrays
     from sloline.measure.session import PlanningSession
     from sloline.planner.calibration import Calibration
     from sloline.planner.estimator import Estimate

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from sloline.common.tensors import Arrays
 from sloline.planner.calibration import Calibration, request_path
 from sloline.planner.plan import Plan
 from sloline.planner.profile import PipelineProfile
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
 
 __all__ = ["InSituRun", "measure_in_situ", "measure_served", "replay", "run_client"]
 
-Arrays = dict[str, np.ndarray]
 T = TypeVar("T")
 
 WARMUP_S = 3.0  # the trace's first seconds, sent once before the measured run
