@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sloline.common.envelope import Envelope, StreamingEnvelope, window_label, window_sizes
-from sloline.tuner.load import equivalent_rate, fluctuations
+from sloline.tuner.load_estimate import equivalent_rate, fluctuations
 from sloline.tuner.policy import TunerSettings
 from sloline.tuner.sources import (
     MetricSnapshot,
