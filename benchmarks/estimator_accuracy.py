@@ -86,9 +86,9 @@ from sloline.serving.process import ChildProcess
 process.use_grpc_iomgr()
 
 from sloline.backends.local import WORKER_NICE  # noqa: E402
+from sloline.common.tensors import Arrays  # noqa: E402
 from sloline.common.trace import gamma_arrivals  # noqa: E402
-from sloline.embedded import EmbeddedPipeline, EmbeddedSettings  # noqa: E402
-from sloline.embedded import StageConfig as ServedConfig  # noqa: E402
+from sloline.embedded import EmbeddedPipeline, EmbeddedSettings, StageDeployment  # noqa: E402
 from sloline.measure.calibrate import DRAIN_S, measure_served, run_client  # noqa: E402
 from sloline.measure.calibrate import replay as replay_arrivals  # noqa: E402
 from sloline.measure.profiler import (  # noqa: E402
@@ -118,7 +118,6 @@ from sloline.spec import DEFAULT_CATALOG, LoadedPipeline, load_pipeline  # noqa:
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
 T = TypeVar("T")
-Arrays = dict[str, np.ndarray]
 
 # Arrival rates as multiples of the spec's planning rate (the plan is made for 1.0).
 # image-ensemble: the `large` CNN is the bottleneck (14-17 ms per item profiled on one
@@ -249,7 +248,7 @@ class Served:
     def __init__(
         self,
         loaded: LoadedPipeline,
-        configs: dict[str, ServedConfig],
+        configs: dict[str, StageDeployment],
         *,
         worker_nice: int = WORKER_NICE,
     ) -> None:
@@ -522,10 +521,10 @@ class Example:
         return self.topology.stages
 
     @property
-    def served_configs(self) -> dict[str, ServedConfig]:
+    def served_configs(self) -> dict[str, StageDeployment]:
         """The plan's configuration as the embedded pipeline takes it."""
         return {
-            name: ServedConfig(c.hardware, c.max_batch, c.replicas)
+            name: StageDeployment(c.hardware, c.max_batch, c.replicas)
             for name, c in zip(self.stages, self.config, strict=True)
         }
 

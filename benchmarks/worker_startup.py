@@ -31,7 +31,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
-from sloline.embedded import EmbeddedPipeline, EmbeddedSettings, StageConfig
+from sloline.embedded import EmbeddedPipeline, EmbeddedSettings, StageDeployment
 from sloline.serving.router import RouterSettings
 from sloline.serving.server import ServerSettings
 from sloline.spec import load_pipeline
@@ -76,7 +76,7 @@ async def _until(predicate: Any, timeout_s: float = 60.0) -> None:
 
 async def measure(repeat: int, rate_rps: float) -> dict[str, list[float]]:
     loaded = load_pipeline(EXAMPLE / "pipeline.yaml")
-    configs = {s.name: StageConfig("cpu-1", 8, 1) for s in loaded.pipeline.spec.stages}
+    configs = {s.name: StageDeployment("cpu-1", 8, 1) for s in loaded.pipeline.spec.stages}
     # The measurement is about start-up, not the example's 50 ms SLO: a generous deadline
     # keeps a shared, busy machine from turning slow answers into rejections.
     settings = EmbeddedSettings(

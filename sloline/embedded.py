@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from sloline.backends.base import ReplicaStatus
 from sloline.backends.local import WORKER_NICE, LocalBackend, StageLaunch
-from sloline.planner.config import StageConfig as PlannedStage
+from sloline.planner.config import StageConfig
 from sloline.planner.plan import Plan
 from sloline.planner.problem import PlanningProblem
 from sloline.serving.app import RouterApp, envelope_windows_s
@@ -37,7 +37,11 @@ from sloline.tuner.sources import StageTuning, StreamingSource, Tuner, stage_tun
 
 
 @dataclass(frozen=True, slots=True)
-class StageConfig:
+class StageDeployment:
+    """How one stage is served: hardware class, max batch, replicas. Unlike a planned
+    :class:`~sloline.planner.config.StageConfig`, replicas may be 0
+    (``--replicas STAGE=0`` starts the stage with no workers)."""
+
     hardware: str
     max_batch: int
     replicas: int
@@ -97,7 +101,7 @@ def check_models(loaded: LoadedPipeline) -> None:
 
 def stage_configs(
     loaded: LoadedPipeline, settings: EmbeddedSettings, plan: Plan | None = None
-) -> dict[str, StageConfig]:
+) -> dict[str, StageDeployment]:
     """Flags override the spec, which overrides the plan; without any of them: one
     replica, batch 1, the first allowed hardware class."""
     spec = loaded.pipeline.spec
@@ -128,7 +132,7 @@ def stage_configs(
         )
         if hw not in settings.catalog.names():
             issues.append(Issue(f"spec.stages[{i}].hardware", f"unknown hardware class {hw!r}"))
-        configs[stage.name] = StageConfig(
+        configs[stage.name] = StageDeployment(
             hardware=hw,
             max_batch=settings.max_batch.get(stage.name)
             or stage.max_batch
@@ -150,7 +154,7 @@ class EmbeddedPipeline:
         loaded: LoadedPipeline,
         settings: EmbeddedSettings | None = None,
         *,
-        configs: Mapping[str, StageConfig] | None = None,
+        configs: Mapping[str, StageDeployment] | None = None,
         plan: Plan | None = None,
         problem: PlanningProblem | None = None,
         registry: CollectorRegistry | None = None,
@@ -256,7 +260,7 @@ class EmbeddedPipeline:
         assert self.backend is not None
         self.backend.scale(stage, replicas)
 
-    def reconfigure(self, stage: str, config: PlannedStage) -> None:
+    def reconfigure(self, stage: str, config: StageConfig) -> None:
         """Serve ``stage`` with another hardware class or max batch: the router gives
         workers that join from now on batches of ``config.max_batch`` (the running ones
         keep theirs) and the backend starts ``config.replicas`` of them; the running
@@ -264,7 +268,7 @@ class EmbeddedPipeline:
         assert self.backend is not None
         self.router.queues[stage].max_batch = config.max_batch
         self.backend.reconfigure(stage, self.settings.catalog.get(config.hardware), config.replicas)
-        self.configs[stage] = StageConfig(config.hardware, config.max_batch, config.replicas)
+        self.configs[stage] = StageDeployment(config.hardware, config.max_batch, config.replicas)
 
     def handed_over(self, stage: str) -> bool:
         """Once the stage's new workers are all connected, stop the old ones."""

@@ -30,6 +30,9 @@ DTYPES: dict[str, np.dtype[Any]] = {
 }
 DATATYPE_OF: dict[np.dtype[Any], str] = {v: k for k, v in DTYPES.items()}
 
+# Named numpy arrays: one request's inputs, or one stage's outputs for one request.
+Arrays = dict[str, np.ndarray]
+
 
 def datatype_of(array: np.ndarray) -> str:
     try:

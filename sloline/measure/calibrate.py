@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from sloline.common.tensors import Arrays
 from sloline.measure.profiler import ProfilerSettings, load_samples
 from sloline.measure.session import PlanningSession, plan_pipeline
 from sloline.planner.calibration import Calibration, request_path
@@ -58,7 +59,6 @@ __all__ = [
     "run_client",
 ]
 
-Arrays = dict[str, np.ndarray]
 T = TypeVar("T")
 
 WARMUP_S = 3.0  # the trace's first seconds, sent once before the measured run

@@ -10,12 +10,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from sloline.common.tensors import Tensor
+from sloline.common.tensors import Arrays, Tensor
 from sloline.runtimes import StageRunner, load_pipeline_stage
 from sloline.serving.dag import DagRun, ReadyStage
 from sloline.spec import LoadedPipeline
-
-Arrays = dict[str, np.ndarray]
 
 
 class InProcessPipeline:

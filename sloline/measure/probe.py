@@ -47,11 +47,11 @@ from typing import Any, TypeVar
 import numpy as np
 
 from sloline.backends.local import WORKER_NICE
+from sloline.common.tensors import Arrays
 from sloline.planner.overhead import IdlePenalty, ServingOverhead
 
 __all__ = ["hold", "identity", "measure_overhead"]
 
-Arrays = dict[str, np.ndarray]
 Sent = tuple[list[float], float]  # a run's latencies and the client's CPU
 T = TypeVar("T")
 

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from sloline.common.tensors import Arrays
 from sloline.measure.inprocess import InProcessPipeline
 from sloline.measure.probe import measure_overhead
 from sloline.planner.overhead import ServingOverhead
@@ -54,7 +55,6 @@ from sloline.runtimes import StageRunner, import_entrypoint, load_pipeline_stage
 from sloline.spec import HardwareCatalog, HardwareClass, Issue, LoadedPipeline, PipelineError
 from sloline.spec.paths import PathEscape, locate_module
 
-Arrays = dict[str, np.ndarray]
 Progress = Callable[[str], None]
 # Part of the cache key: bump it when stages are timed differently (2: the idle penalty;
 # 3: GPU classes on their device).

@@ -16,9 +16,9 @@ same function.
   since the last change: every stage keeps k_m = ceil(λ_new · s_m / (mu_m · rho_min))
   replicas, λ_new read from the largest 5 s rate of the last 30 s, rho_min the smallest
   rho_m of the pipeline.
-- **Which r and λ_new** (:mod:`sloline.tuner.load`). §5 takes r = r_max, the largest
-  observed rate among the windows that exceed the planning envelope, and compares it
-  with rho_m, a utilisation at the planning trace's *mean* rate: a short-window peak is
+- **Which r and λ_new** (:mod:`sloline.tuner.load_estimate`). §5 takes r = r_max, the
+  largest observed rate among the windows that exceed the planning envelope, and compares
+  it with rho_m, a utilisation at the planning trace's *mean* rate: a short-window peak is
   provisioned as if it were a sustained mean. By default r is instead the mean rate a
   stream with the planning trace's burstiness would need to reach the observed envelope
   (a Gaussian envelope read window by window), and λ_new likewise; ``literal=True``
@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sloline.common.envelope import Envelope, window_sizes
-from sloline.tuner.load import (
+from sloline.tuner.load_estimate import (
     Exceedance,
     LoadEstimate,
     exceedances,
@@ -252,9 +252,9 @@ def _up_demand(stage: StageState, rate_rps: float) -> int:
 def estimate_load(
     ctx: TunerContext, settings: TunerSettings, *, literal: bool = False
 ) -> LoadEstimate:
-    """The rates Algorithms 3 and 4 provision for (:mod:`sloline.tuner.load`): by default
-    the equivalent mean rates of the observed envelope and of λ_new under the planning
-    trace's burstiness; ``literal`` gives §5's r_max and raw λ_new."""
+    """The rates Algorithms 3 and 4 provision for (:mod:`sloline.tuner.load_estimate`): by
+    default the equivalent mean rates of the observed envelope and of λ_new under the
+    planning trace's burstiness; ``literal`` gives §5's r_max and raw λ_new."""
     if literal:
         return literal_load(
             ctx.planning_envelope,

@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 __all__ = [
     "Actuator",
     "GetJson",
+    "MetricSnapshot",
     "MetricSource",
-    "Observation",
     "PrometheusError",
     "PrometheusSource",
     "StageTuning",
@@ -67,7 +67,7 @@ GetJson = Callable[[str, Mapping[str, str]], Mapping[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
-class Observation:
+class MetricSnapshot:
     """What a metric source saw: the observed envelope, λ series, ready replicas."""
 
     observed_envelope: Envelope
@@ -81,7 +81,7 @@ class Observation:
 class MetricSource(Protocol):
     """Supplies observations of the live arrival process (§5)."""
 
-    async def observe(self, now_s: float) -> Observation:
+    async def observe(self, now_s: float) -> MetricSnapshot:
         """Observe at ``now_s`` (the tuner's monotonic clock)."""
         ...
 
@@ -108,9 +108,9 @@ class StreamingSource:
         self._envelope = envelope
         self._lookback_s = lookback_s
 
-    async def observe(self, now_s: float) -> Observation:
+    async def observe(self, now_s: float) -> MetricSnapshot:
         """The envelope over the look-back and the completed λ windows at ``now_s``."""
-        return Observation(
+        return MetricSnapshot(
             self._envelope.envelope(now_s, self._lookback_s), self._envelope.lambdas(now_s)
         )
 
@@ -182,7 +182,7 @@ class PrometheusSource:
         )
         self.ready_query = f'max by (stage) (sloline_stage_replicas{{{selector}, state="ready"}})'
 
-    async def observe(self, now_s: float) -> Observation:
+    async def observe(self, now_s: float) -> MetricSnapshot:
         """Run the three queries (Prometheus evaluates them at its own current time)."""
         del now_s  # Prometheus time is wall-clock; the tuner's clock is monotonic
         envelope, lambdas, ready = await asyncio.gather(
@@ -190,7 +190,7 @@ class PrometheusSource:
             asyncio.to_thread(self._query, self.lambda_query),
             asyncio.to_thread(self._query, self.ready_query),
         )
-        return Observation(
+        return MetricSnapshot(
             self._envelope(envelope),
             self._lambdas(lambdas),
             {s["metric"].get("stage", ""): int(float(s["value"][1])) for s in ready},

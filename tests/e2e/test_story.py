@@ -307,7 +307,14 @@ class Story:
 
         with OpenLoopLoad(address, PIPELINE, "pixels", x_test) as load:
             load.rate_rps = BASE_RPS
-            time.sleep(5.0)
+            # Five seconds' worth of answered requests at the planned rate, however long
+            # they take here: the tuner (looking back 6 s) sees them and keeps the plan.
+            before = len(load.sent)
+            self.wait(
+                f"{BASE_RPS * 5:g} requests answered at {BASE_RPS:g} rps",
+                lambda: len(load.sent) - before >= BASE_RPS * 5,
+                60,
+            )
             assert not scaled_up(), f"scaled up under the planned rate: {self.events()}"
             load.rate_rps = BURST_RPS
             burst_at = time.monotonic()

@@ -69,6 +69,12 @@ def _wait_for(prometheus: Prometheus, promql: str, timeout_s: float = 20.0) -> N
         time.sleep(0.25)
 
 
+def _scrapes(prometheus: Prometheus) -> int:
+    """How many times Prometheus has scraped the router so far."""
+    (series,) = prometheus.query('count_over_time(up{job="sloline"}[1h])')
+    return int(series["value"][1])
+
+
 def _deadline_misses(url: str, count: int) -> None:
     """Requests with a 1 ms deadline: answered 504, counted as failures and SLO misses."""
     client = httpclient.InferenceServerClient(url)
@@ -104,7 +110,9 @@ def test_every_dashboard_query_returns_data(
             # The scale-up and the 504s have been scraped, and a few more points after them.
             _wait_for(prometheus, 'sum(sloline_tuner_decisions_total{pipeline="sleepy"}) > 0')
             _wait_for(prometheus, 'sloline_requests_total{pipeline="sleepy", code="504"}')
-            time.sleep(2.0)  # two more scrapes: the last rate windows see the tail of the load
+            # Two more scrapes: the last rate windows see the tail of the load.
+            scrapes = _scrapes(prometheus)
+            _wait_for(prometheus, f'count_over_time(up{{job="sloline"}}[1h]) >= {scrapes + 2}')
             end = time.time()
             variables = {
                 "pipeline": "sleepy",

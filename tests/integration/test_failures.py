@@ -198,17 +198,23 @@ def test_kill_9_under_load_loses_and_duplicates_nothing() -> None:
                     answers[rid] += 1
                 i += 1
 
+        def answered(count: int, what: str) -> None:
+            deadline = time.monotonic() + 60  # only against a hang
+            while len(answers) < count:
+                assert time.monotonic() < deadline, f"{what}: {len(answers)} answered"
+                time.sleep(0.01)
+
         threads = [threading.Thread(target=load, args=(w,)) for w in range(4)]
         for t in threads:
             t.start()
-        time.sleep(0.5)  # let load build up before the kill
+        answered(60, "load before the kill")
         victim = served.p.backend.pids("s2")[0]
         os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while served.p.backend.status()["s2"].restarts < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         served.call(served.p.wait_ready(30))
-        time.sleep(0.3)
+        answered(len(answers) + 60, "load after the restart")
         stop.set()
         for t in threads:
             t.join(60)

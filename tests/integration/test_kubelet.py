@@ -341,11 +341,12 @@ def test_a_job_past_its_deadline_is_stopped_and_fails(
     # bounds the stop then, as it does in a cluster.
     slow["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 2
     kube.create(slow)
-    started = time.monotonic()
     done = wait(kube, node, "jobs", "slow", finished)
     assert condition(done, "Failed")["reason"] == "DeadlineExceeded"
+    # The script sleeps 60 s, longer than both waits together: a pod that was not
+    # stopped is still there when pods_gone gives up.
     pods_gone(kube, "job-name=slow")
-    assert time.monotonic() - started < 10 and node.pod_processes() == []
+    assert node.pod_processes() == []
 
 
 def test_volumes_env_and_mounts_are_the_pods_own(kube: KubeEmulator, tmp_path: Path) -> None:

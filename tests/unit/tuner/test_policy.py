@@ -1,7 +1,7 @@
 """The pure tuning policy: InferLine Algorithms 3 (scale up) and 4 (scale down), §5.
 
 Tests of §5's literal rates (r_max, raw λ_new) go through :func:`literal`; the default
-load estimate (:mod:`sloline.tuner.load`) has its own tests below them."""
+load estimate (:mod:`sloline.tuner.load_estimate`) has its own tests below them."""
 
 from __future__ import annotations
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from sloline.common.envelope import Envelope, StreamingEnvelope, window_label, window_sizes
-from sloline.tuner.load import equivalent_rate, fluctuations
+from sloline.tuner.load_estimate import equivalent_rate, fluctuations
 from sloline.tuner.policy import TunerSettings
 from sloline.tuner.sources import (
-    Observation,
+    MetricSnapshot,
     PrometheusError,
     PrometheusSource,
     StageTuning,
@@ -89,7 +89,7 @@ async def test_prometheus_source_before_any_data_sees_nothing() -> None:
     fake = FakePrometheus(vector(), vector(), vector())
     source = PrometheusSource("http://p", "x", windows_s=WINDOWS, get_json=fake)
     observation = await source.observe(0.0)
-    assert observation == Observation(Envelope(WINDOWS, (0.0,) * len(WINDOWS)), (), {})
+    assert observation == MetricSnapshot(Envelope(WINDOWS, (0.0,) * len(WINDOWS)), (), {})
 
 
 async def test_prometheus_source_rejects_mismatched_windows() -> None:
@@ -216,7 +216,7 @@ async def test_tuner_run_ticks_until_stopped_and_survives_failures(
     ticks = 0
 
     class FlakySource:
-        async def observe(self, now_s: float) -> Observation:
+        async def observe(self, now_s: float) -> MetricSnapshot:
             del now_s
             nonlocal ticks
             ticks += 1
@@ -224,7 +224,7 @@ async def test_tuner_run_ticks_until_stopped_and_survives_failures(
                 raise PrometheusError("scrape target down")
             if ticks == 3:
                 stop.set()
-            return Observation(Envelope(WINDOWS, (0.0,) * len(WINDOWS)), ())
+            return MetricSnapshot(Envelope(WINDOWS, (0.0,) * len(WINDOWS)), ())
 
     tuner = Tuner(
         stages=[StageTuning("a", 1, 2, 1.0, 1.0, 1.0)],

@@ -1,5 +1,5 @@
-"""Which load the tuner provisions for (sloline.tuner.load): the Gaussian-envelope reading
-of the observed envelope against §5's literal r_max."""
+"""Which load the tuner provisions for (sloline.tuner.load_estimate): the Gaussian-envelope
+reading of the observed envelope against §5's literal r_max."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sloline.common.envelope import Envelope, window_sizes
-from sloline.tuner.load import (
+from sloline.tuner.load_estimate import (
     LoadEstimate,
     equivalent_rate,
     fluctuations,
