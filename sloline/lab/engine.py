@@ -52,9 +52,10 @@ import numpy as np
 from sloline.common.envelope import StreamingEnvelope
 from sloline.lab.loop import Observation, Policy, Run, ScaleEvent, StageView, Targets
 from sloline.planner.config import StageConfig
-from sloline.planner.estimator import ServiceMode, Workload, service_draws
+from sloline.planner.estimator import Workload
 from sloline.planner.profile import PipelineProfile
-from sloline.planner.queueing import ServiceDraws
+from sloline.planner.sim.draws import ServiceDraws, ServiceMode, service_draws
+from sloline.planner.sim.rule import release
 from sloline.planner.topology import Topology
 
 __all__ = ["EngineSettings", "run_closed_loop"]
@@ -149,6 +150,45 @@ class _Stage:
             self.last = t
 
 
+class _Graph:
+    """The pipeline's stages as :func:`~sloline.planner.sim.rule.release` takes them, with
+    how many dependencies each query still waits on at each stage."""
+
+    __slots__ = (
+        "child_idx",
+        "child_ptr",
+        "n_deps",
+        "output",
+        "pending",
+        "ready",
+        "stack",
+        "visits",
+    )
+
+    def __init__(self, topology: Topology, workload: Workload) -> None:
+        children: list[list[int]] = [[] for _ in range(len(topology))]
+        for m, deps in enumerate(topology.deps):
+            for d in deps:
+                children[d].append(m)
+        self.child_ptr = np.cumsum([0, *(len(c) for c in children)], dtype=np.int64)
+        self.child_idx = np.array([c for cs in children for c in cs], dtype=np.int64)
+        self.n_deps = np.array([len(deps) for deps in topology.deps], dtype=np.int64)
+        self.output = topology.output
+        self.visits = np.ascontiguousarray(workload.visits).reshape(-1)
+        self.pending = np.tile(self.n_deps.astype(np.int32), workload.size)
+        self.stack = np.zeros(len(topology), dtype=np.int64)
+        self.ready = np.zeros(len(topology) + 1, dtype=np.int64)
+
+    def release(self, q: int, m: int) -> list[int]:
+        """Stage m is done for query q (m = -1: q arrived): the stages q is now queued
+        at, in order, and -1 when q is answered."""
+        count = release(
+            q, m, self.pending, self.visits, self.child_ptr, self.child_idx, self.n_deps,
+            self.output, self.stack, self.ready,
+        )  # fmt: skip
+        return list(self.ready[:count].tolist())
+
+
 class _Simulation:
     """The event loop. Heap entries are (time, sequence, stage, replica, batch); a batch
     of None is an activation."""
@@ -172,13 +212,7 @@ class _Simulation:
         self.n_stages = len(topology)
         self.arrivals_s = workload.arrivals_s
         self.arrivals = workload.arrivals_s.tolist()
-        self.visits = workload.visits.ravel().tolist()
-        self.children: list[list[int]] = [[] for _ in range(self.n_stages)]
-        for m, deps in enumerate(topology.deps):
-            for d in deps:
-                self.children[d].append(m)
-        self.sources = [m for m, deps in enumerate(topology.deps) if not deps]
-        self.pending = [len(deps) for deps in topology.deps] * workload.size
+        self.graph = _Graph(topology, workload)
         self.latency = [math.nan] * workload.size
         self.profile = profile
         self.visits_m = [int(np.count_nonzero(workload.visits[:, m])) for m in range(len(topology))]
@@ -323,38 +357,22 @@ class _Simulation:
     # -- queries --------------------------------------------------------------------------
 
     def _finish(self, q: int, m: int, t: float) -> None:
-        """Stage m completed (or skipped) query q at t: release its dependants."""
-        base = q * self.n_stages
-        pending, visits, children, pushes = self.pending, self.visits, self.children, self.pushes
-        stack = [m]
-        while stack:
-            s = stack.pop()
-            if s == self.topology.output:
+        """Stage m completed query q at t (m = -1: q arrived): q goes to the stages ready
+        for it (the dispatch rule's :func:`~sloline.planner.sim.rule.release`), and is
+        answered once the output stage is done."""
+        for c in self.graph.release(q, m):
+            if c < 0:
                 self.latency[q] = t - self.arrivals[q]
                 self._system(t, -1)
-            for c in children[s]:
-                k = base + c
-                pending[k] -= 1
-                if pending[k] == 0:
-                    if visits[k]:
-                        items = pushes[c]
-                        if not items:
-                            self.touched.append(c)
-                        items.append(q)
-                    else:
-                        stack.append(c)
+                continue
+            items = self.pushes[c]
+            if not items:
+                self.touched.append(c)
+            items.append(q)
 
     def _arrive(self, q: int, t: float) -> None:
         self._system(t, 1)
-        base = q * self.n_stages
-        for s in self.sources:
-            if self.visits[base + s]:
-                items = self.pushes[s]
-                if not items:
-                    self.touched.append(s)
-                items.append(q)
-            else:
-                self._finish(q, s, t)
+        self._finish(q, -1, t)
 
     def _system(self, t: float, delta: int) -> None:
         self.sys_area += self.in_system * (t - self.sys_last)
