@@ -46,15 +46,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from sloline.planner.sim.queues import fifo_pop, heap_pop
+from sloline.planner.sim.queues import heap_pop
 from sloline.planner.sim.rule import inlined, kernel
 from sloline.planner.sim.state import (
     HOP_BACK,
     HOP_OUT,
     REACH_ROUTER,
     RECV,
-    REQ_IN,
-    RESULT,
     SEND,
     SERVING,
     PipelineInputs,
@@ -62,11 +60,9 @@ from sloline.planner.sim.state import (
     charge_wake,
     client_done,
     client_push,
-    done_at,
     hop_over,
-    job_done,
     request_in,
-    result_taken,
+    router_done,
     worker_done,
 )
 
@@ -94,17 +90,15 @@ class PipelineRun:
     router_cpu_s: float
 
 
-Records = npt.NDArray[np.void]
-
-
 @inlined
 def _replica_events(
-    rep: Records, queue: IntArray, cores: FloatArray, n: int
+    inputs: PipelineInputs, st: State, n: int
 ) -> tuple[float, float, int, int, float, int, int]:
     """The cores the serving workers demand; the next half hop to end (time, replica, tie
     key) and the next worker to end (virtual time, replica, tie key). Replicas whose
     events tie go by stage, then by their batch's first query, so that items released at
     one instant reach the next stages in query order."""
+    rep, queue, cores = st.rep, st.queue, inputs.replica_cores
     demand = 0.0
     t_hop, r_hop, k_hop = np.inf, -1, 0
     v_cpu, r_cpu, k_cpu = np.inf, -1, 0
@@ -130,14 +124,14 @@ def _replica_events(
 
 
 @inlined
-def _rates(sim: Records, rq: Records, cq: Records, demand: float) -> tuple[float, float, float]:
+def _rates(inputs: PipelineInputs, st: State, demand: float) -> tuple[float, float, float]:
     """Weighted processor sharing: how fast the router, the client and the workers
     progress. The client (another session) and the pipeline split the cores equally,
     each taking what the other leaves; the pipeline's part goes to the router (weight 1)
     and the worker threads (``worker_weight``), none above a full core."""
-    router = 1.0 if rq[0].size > 0 else 0.0
-    client = 1.0 if cq[0].size > 0 else 0.0
-    cores, weight = sim[0].cores, sim[0].worker_weight
+    router = 1.0 if st.rq[0].size > 0 else 0.0
+    client = 1.0 if st.cq[0].size > 0 else 0.0
+    cores = inputs.cores
     rate, crate, wrate = 1.0, 1.0, 1.0
     if cores > 0.0 and router + client + demand > cores:
         own = cores
@@ -145,34 +139,38 @@ def _rates(sim: Records, rq: Records, cq: Records, demand: float) -> tuple[float
             crate = min(1.0, max(0.5 * cores, cores - router - demand))
             own = cores - crate
         if router + demand > own:
-            share = own / (router + weight * demand)  # per unit of weight
+            share = own / (router + inputs.worker_weight * demand)  # per unit of weight
             if share >= 1.0:  # the router at full speed, the workers share the rest
                 wrate = (own - router) / demand
             else:
-                rate, wrate = share, share * weight
+                rate, wrate = share, share * inputs.worker_weight
     return rate, crate, wrate
 
 
 @inlined
 def _next_event(
-    now: float, next_arrival: float, rates: tuple[float, float, float],
-    replica_events: tuple[float, float, int, int, float, int, int], sim: Records,
-    rq: Records, cq: Records, events: Records, heap: Records, rep: Records,
-) -> tuple[float, int, int]:  # fmt: skip
+    st: State,
+    now: float,
+    next_arrival: float,
+    rates: tuple[float, float, float],
+    replica_events: tuple[float, float, int, int, float, int, int],
+) -> tuple[float, int, int]:
     """When the next event happens, what it is and (for a replica's) which replica; -1
     when nothing is left. Each job keeps its end in its side's virtual time."""
     rate, crate, wrate = rates
     _, t_hop, r_hop, k_hop, v_cpu, r_cpu, k_cpu = replica_events
-    s = sim[0]
+    s = st.sim[0]
     best, what, who = next_arrival, _ARRIVAL if next_arrival < np.inf else -1, -1
-    if heap[0].size > 0 and events[0].t < best:
-        best, what = events[0].t, _TIMED
-    if rq[0].size > 0:
-        t = now + max(0.0, rq[0].vend - s.vnow) / rate
+    heap = st.heap[0]
+    if heap.size > 0 and st.events[0].t < best:
+        best, what = st.events[0].t, _TIMED
+    rq, cq = st.rq[0], st.cq[0]
+    if rq.size > 0:
+        t = now + max(0.0, rq.vend - s.vnow) / rate
         if t < best:
             best, what = t, _ROUTER_DONE
-    if cq[0].size > 0:
-        t = now + max(0.0, cq[0].vend - s.cnow) / crate
+    if cq.size > 0:
+        t = now + max(0.0, cq.vend - s.cnow) / crate
         if t < best:
             best, what = t, _CLIENT_DONE
     if r_cpu >= 0:
@@ -181,47 +179,42 @@ def _next_event(
             t_hop, r_hop = t, r_cpu
     if r_hop >= 0 and t_hop < best:
         best, who = t_hop, r_hop
-        what = _WORKER_DONE if rep[r_hop].phase == SERVING else _HOP_OVER
+        what = _WORKER_DONE if st.rep[r_hop].phase == SERVING else _HOP_OVER
     return best, what, who
 
 
 @inlined
-def _advance(
-    now: float, best: float, rates: tuple[float, float, float], sim: Records, rq: Records
-) -> float:
+def _advance(st: State, now: float, best: float, rates: tuple[float, float, float]) -> float:
     """Move the clocks from ``now`` to ``best``; returns the new time."""
-    s = sim[0]
+    s = st.sim[0]
     s.in_wake = 0
     if best > now:
         s.vnow = s.vnow + (best - now) * rates[0]
         s.cnow = s.cnow + (best - now) * rates[1]
         s.wnow = s.wnow + (best - now) * rates[2]
-        if rq[0].size > 0:
+        if st.rq[0].size > 0:
             s.busy += best - now
         return best
     return now
 
 
 @inlined
-def _arrive(q: int, sim: Records, rjobs: Records, rq: Records, cjobs: Records, cq: Records) -> None:
+def _arrive(st: State, q: int) -> None:
     """Query q leaves the client, or (no client) reaches the router."""
-    if sim[0].client_cpu > 0.0:
-        client_push(SEND, q, sim, cjobs, cq)
+    if st.sim[0].client_cpu > 0.0:
+        client_push(st, SEND, q)
     else:
-        request_in(q, sim, rjobs, rq)
+        request_in(st, q)
 
 
 @inlined
-def _timed(
-    sim: Records, rjobs: Records, rq: Records, cjobs: Records, cq: Records,
-    events: Records, heap: Records,
-) -> None:  # fmt: skip
+def _timed(st: State) -> None:
     """A request reaches the router, or an answer the client."""
-    kind, q = heap_pop(events, heap)
+    kind, q = heap_pop(st.events, st.heap)
     if kind == REACH_ROUTER:
-        request_in(q, sim, rjobs, rq)
+        request_in(st, q)
     else:
-        client_push(RECV, q, sim, cjobs, cq)
+        client_push(st, RECV, q)
 
 
 @kernel
@@ -229,60 +222,35 @@ def _run(
     inputs: PipelineInputs,
     enter_t: FloatArray,
     enter_q: IntArray,
-    state: State,
+    st: State,
     answered: FloatArray,
 ) -> None:
     """The event loop: queries enter at ``enter_t`` (sorted), in the order ``enter_q``."""
-    visits, child_ptr, child_idx, n_deps = (
-        inputs.visits, inputs.child_ptr, inputs.child_idx, inputs.n_deps
-    )  # fmt: skip
-    tables, cols, scales, idle_s = inputs.tables, inputs.cols, inputs.scales, inputs.idle
-    hops, requests, cores = inputs.hops, inputs.requests, inputs.replica_cores
-    router_idle = inputs.router_idle
-    sim, stg, queue, idle, rep, rjobs, rq, cjobs, cq, events, heap = state[:11]
-    pending, stack, ready = state.pending, state.stack, state.ready
     n = enter_t.shape[0]
     next_q = 0
     now = enter_t[0] if n else 0.0
     while True:
-        replica_events = _replica_events(rep, queue, cores, n)
-        rates = _rates(sim, rq, cq, replica_events[0])
+        replica_events = _replica_events(inputs, st, n)
+        rates = _rates(inputs, st, replica_events[0])
         next_arrival = enter_t[next_q] if next_q < n else np.inf
-        best, what, who = _next_event(
-            now, next_arrival, rates, replica_events, sim, rq, cq, events, heap, rep
-        )
+        best, what, who = _next_event(st, now, next_arrival, rates, replica_events)
         if what < 0:
             break
-        now = _advance(now, best, rates, sim, rq)
+        now = _advance(st, now, best, rates)
         if what == _ARRIVAL:
-            _arrive(enter_q[next_q], sim, rjobs, rq, cjobs, cq)
+            _arrive(st, enter_q[next_q])
             next_q += 1
         elif what == _TIMED:
-            _timed(sim, rjobs, rq, cjobs, cq, events, heap)
+            _timed(st)
         elif what == _CLIENT_DONE:
-            client_done(now, requests, sim, cjobs, cq, events, heap, answered)
+            client_done(inputs, st, now, answered)
         elif what == _HOP_OVER:
-            hop_over(who, now, idle_s, tables, cols, scales, sim, rep, rjobs, rq)
+            hop_over(inputs, st, who, now)
         elif what == _WORKER_DONE:
-            worker_done(who, now, hops, rep)
-        else:  # the router finished a job; the jobs it queues run in its wake
-            kind, ref = fifo_pop(rjobs, rq, sim[0].vnow)
-            sim[0].in_wake = 1
-            if kind == REQ_IN:
-                done_at(
-                    ref, -1, now, visits, child_ptr, child_idx, n_deps, pending, stack, ready,
-                    sim, stg, queue, idle, rep, rjobs, rq,
-                )  # fmt: skip
-            elif kind == RESULT:
-                result_taken(
-                    ref, now, visits, child_ptr, child_idx, n_deps, pending, stack, ready,
-                    sim, stg, queue, idle, rep, rjobs, rq,
-                )  # fmt: skip
-            else:
-                job_done(kind, ref, now, hops, requests, sim, rep, events, heap, answered)
-            if rq[0].size == 0:
-                sim[0].idle_since = now
-        charge_wake(sim, rjobs, rq, router_idle, now)
+            worker_done(inputs, st, who, now)
+        else:
+            router_done(inputs, st, now, answered)
+        charge_wake(st.sim, st.rjobs, st.rq, inputs.router_idle, now)
 
 
 def _frozen(array: npt.NDArray[Any]) -> npt.NDArray[Any]:

@@ -1,12 +1,8 @@
 """The routed pipeline simulation's state and what changes it: stage queues, replicas, the
 router and a co-located client (:mod:`sloline.planner.sim.pipeline` runs the event loop).
 
-The state is a few structured arrays, changed in place by field name by the compiled
-handlers. The handlers take the arrays they use one by one: a tuple of arrays handed to a
-compiled function costs a reference count per member, which made the loop five times
-slower.
-
-
+The state (:class:`State`) is a tuple of arrays, most of them structured, which the
+compiled handlers change in place by field name:
 
 - ``sim`` (one record, :data:`SIM`): the virtual clocks, the router's state, the costs;
 - ``stg`` (a record per stage, :data:`STAGE`), with ``queue[m]`` its FIFO queue of
@@ -53,8 +49,6 @@ SIM = np.dtype(
         # per request (0: none).
         ("req_cpu", _F), ("batch_cpu", _F), ("item_cpu", _F), ("worker_cpu", _F),
         ("client_cpu", _F),
-        # Cores shared (0: not shared), a worker thread's weight, the output stage.
-        ("cores", _F), ("worker_weight", _F), ("output", _I),
     ]
 )  # fmt: skip
 STAGE = np.dtype(
@@ -144,8 +138,6 @@ class State(NamedTuple):
         sim["idle_since"] = -np.inf
         sim["req_cpu"], sim["batch_cpu"], sim["item_cpu"] = inputs.router_cpu_s
         sim["worker_cpu"], sim["client_cpu"] = inputs.worker_cpu_s, inputs.client_cpu_s
-        sim["cores"], sim["worker_weight"] = inputs.cores, inputs.worker_weight
-        sim["output"] = inputs.output
         stg = np.zeros(n_stages, dtype=STAGE)
         stg["first"][1:] = np.cumsum(inputs.replicas)[:-1]
         stg["replicas"] = stg["idle_count"] = inputs.replicas
@@ -230,20 +222,18 @@ def make_idle(stg: Records, idle: IntArray, m: int, r: int) -> None:
 
 
 @inlined
-def dispatch(
-    m: int, now: float, sim: Records, stg: Records, queue: IntArray, idle: IntArray,
-    rep: Records, rjobs: Records, rq: Records,
-) -> None:  # fmt: skip
+def dispatch(st: State, m: int, now: float) -> None:
     """While stage m has an idle replica and queued items: the longest-idle replica takes
     ``min(queue, max_batch)`` of them and the router gets the dispatch job. The batch's
     items are kept in query order, the order they go on to the next stages in when the
     batch is done (the estimator's rule for items ready at the same instant)."""
+    sim, stg, rep = st.sim, st.stg, st.rep
     stage = stg[m]
     while stage.idle_count > 0 and stage.q_tail > stage.q_head:
         lo = stage.q_head
         k = min(stage.q_tail - lo, stage.max_batch)
-        _sort_batch(queue, m, lo, k)
-        r = _take_idle(stg, idle, m)
+        _sort_batch(st.queue, m, lo, k)
+        r = _take_idle(stg, st.idle, m)
         replica = rep[r]
         replica.lo, replica.size, replica.batch = lo, k, stage.batches
         replica.phase = WAIT_DISPATCH
@@ -251,128 +241,127 @@ def dispatch(
         stage.batches += 1
         stage.q_head += k
         cost = 0.5 * (sim[0].batch_cpu + sim[0].item_cpu * k)
-        router_push(sim, rjobs, rq, DISPATCH, r, cost)
+        router_push(sim, st.rjobs, st.rq, DISPATCH, r, cost)
 
 
 @inlined
-def done_at(
-    q: int, m: int, now: float, visits: BoolArray, child_ptr: IntArray, child_idx: IntArray,
-    n_deps: IntArray, pending: npt.NDArray[np.int32], stack: IntArray, ready: IntArray,
-    sim: Records, stg: Records, queue: IntArray, idle: IntArray, rep: Records,
-    rjobs: Records, rq: Records,
-) -> None:  # fmt: skip
+def done_at(inputs: PipelineInputs, st: State, q: int, m: int, now: float) -> None:
     """Stage m is done for query q (m = -1: q reached the router): q is queued at the
     stages that are now ready for it (each dispatching at once if it has an idle
     replica), and its answer on the router once the output stage is done."""
     count = release(
-        q, m, pending, visits, child_ptr, child_idx, n_deps, sim[0].output, stack, ready
+        q,
+        m,
+        st.pending,
+        inputs.visits,
+        inputs.child_ptr,
+        inputs.child_idx,
+        inputs.n_deps,
+        inputs.output,
+        st.stack,
+        st.ready,
     )
+    stg = st.stg
     for i in range(count):
-        c = ready[i]
+        c = st.ready[i]
         if c < 0:
-            router_push(sim, rjobs, rq, REQ_OUT, q, 0.5 * sim[0].req_cpu)
+            router_push(st.sim, st.rjobs, st.rq, REQ_OUT, q, 0.5 * st.sim[0].req_cpu)
             continue
         stage = stg[c]
-        queue[c, stage.q_tail] = q
+        st.queue[c, stage.q_tail] = q
         stage.q_tail += 1
         stage.visited += 1
-        dispatch(c, now, sim, stg, queue, idle, rep, rjobs, rq)
+        dispatch(st, c, now)
 
 
 @inlined
-def hop_over(
-    r: int, now: float, idle_s: FloatArray, tables: FloatArray, cols: IntArray,
-    scales: FloatArray, sim: Records, rep: Records, rjobs: Records, rq: Records,
-) -> None:  # fmt: skip
+def hop_over(inputs: PipelineInputs, st: State, r: int, now: float) -> None:
     """Half of replica r's hop is over: on the way out its worker starts (model time, idle
     penalty, its own CPU); on the way back the router gets the result job."""
-    replica = rep[r]
+    replica = st.rep[r]
     m = replica.stage
-    s = sim[0]
+    s = st.sim[0]
     if replica.phase == HOP_OUT:
-        extra = idle_penalty(idle_s, m, now - replica.last_end)
-        service = batch_service(tables, cols, scales, m, replica.batch, replica.size)
+        extra = idle_penalty(inputs.idle, m, now - replica.last_end)
+        service = batch_service(
+            inputs.tables, inputs.cols, inputs.scales, m, replica.batch, replica.size
+        )
         replica.vend = s.wnow + service + extra + s.worker_cpu
         replica.phase = SERVING
     else:
         replica.phase = WAIT_RESULT
         cost = 0.5 * (s.batch_cpu + s.item_cpu * replica.size)
-        router_push(sim, rjobs, rq, RESULT, r, cost)
+        router_push(st.sim, st.rjobs, st.rq, RESULT, r, cost)
 
 
 @inlined
-def worker_done(r: int, now: float, hops: FloatArray, rep: Records) -> None:
+def worker_done(inputs: PipelineInputs, st: State, r: int, now: float) -> None:
     """Replica r's worker finished its batch: the result goes back (half a hop)."""
-    replica = rep[r]
+    replica = st.rep[r]
     replica.last_end = now
     replica.phase = HOP_BACK
-    replica.t_end = now + 0.5 * hops[replica.stage, replica.batch]
+    replica.t_end = now + 0.5 * inputs.hops[replica.stage, replica.batch]
 
 
 @inlined
-def result_taken(
-    r: int, now: float, visits: BoolArray, child_ptr: IntArray, child_idx: IntArray,
-    n_deps: IntArray, pending: npt.NDArray[np.int32], stack: IntArray, ready: IntArray,
-    sim: Records, stg: Records, queue: IntArray, idle: IntArray, rep: Records,
-    rjobs: Records, rq: Records,
-) -> None:  # fmt: skip
+def _result_taken(inputs: PipelineInputs, st: State, r: int, now: float) -> None:
     """The router took replica r's result: the replica is free (and takes queued work),
     its batch's items are done at its stage."""
-    replica = rep[r]
+    replica = st.rep[r]
     m = replica.stage
-    stg[m].busy += now - replica.t_dispatch
+    st.stg[m].busy += now - replica.t_dispatch
     replica.phase = IDLE
-    make_idle(stg, idle, m, r)
+    make_idle(st.stg, st.idle, m, r)
     first, count = replica.lo, replica.size
-    dispatch(m, now, sim, stg, queue, idle, rep, rjobs, rq)
+    dispatch(st, m, now)
     for i in range(first, first + count):
-        done_at(
-            queue[m, i], m, now, visits, child_ptr, child_idx, n_deps, pending, stack, ready,
-            sim, stg, queue, idle, rep, rjobs, rq,
-        )  # fmt: skip
+        done_at(inputs, st, st.queue[m, i], m, now)
 
 
 @inlined
-def job_done(
-    kind: int, ref: int, now: float, hops: FloatArray, requests: FloatArray, sim: Records,
-    rep: Records, events: Records, heap: Records, answered: FloatArray,
-) -> None:  # fmt: skip
-    """The router finished a dispatch (the batch's hop starts) or an answer (it travels
-    to the client)."""
+def router_done(inputs: PipelineInputs, st: State, now: float, answered: FloatArray) -> None:
+    """The router finished its head job; what that job queues on the router runs in its
+    wake."""
+    s = st.sim[0]
+    kind, ref = fifo_pop(st.rjobs, st.rq, s.vnow)
+    s.in_wake = 1
     if kind == DISPATCH:
-        replica = rep[ref]
+        replica = st.rep[ref]
         replica.phase = HOP_OUT
-        replica.t_end = now + 0.5 * hops[replica.stage, replica.batch]
-        return
-    at = now + 0.5 * requests[ref]
-    if sim[0].client_cpu > 0.0:
-        heap_push(events, heap, at, REACH_CLIENT, ref)
+        replica.t_end = now + 0.5 * inputs.hops[replica.stage, replica.batch]
+    elif kind == REQ_OUT:
+        at = now + 0.5 * inputs.requests[ref]
+        if s.client_cpu > 0.0:
+            heap_push(st.events, st.heap, at, REACH_CLIENT, ref)
+        else:
+            answered[ref] = at
+    elif kind == REQ_IN:
+        done_at(inputs, st, ref, -1, now)
     else:
-        answered[ref] = at
+        _result_taken(inputs, st, ref, now)
+    if st.rq[0].size == 0:
+        s.idle_since = now
 
 
 @inlined
-def request_in(q: int, sim: Records, rjobs: Records, rq: Records) -> None:
+def request_in(st: State, q: int) -> None:
     """Query q reaches the router."""
-    router_push(sim, rjobs, rq, REQ_IN, q, 0.5 * sim[0].req_cpu)
+    router_push(st.sim, st.rjobs, st.rq, REQ_IN, q, 0.5 * st.sim[0].req_cpu)
 
 
 @inlined
-def client_push(kind: int, q: int, sim: Records, cjobs: Records, cq: Records) -> None:
+def client_push(st: State, kind: int, q: int) -> None:
     """Queue a send or a receive on the co-located client."""
-    s = sim[0]
-    fifo_push(cjobs, cq, s.cnow, kind, q, 0.5 * s.client_cpu)
+    s = st.sim[0]
+    fifo_push(st.cjobs, st.cq, s.cnow, kind, q, 0.5 * s.client_cpu)
 
 
 @inlined
-def client_done(
-    now: float, requests: FloatArray, sim: Records, cjobs: Records, cq: Records,
-    events: Records, heap: Records, answered: FloatArray,
-) -> None:  # fmt: skip
+def client_done(inputs: PipelineInputs, st: State, now: float, answered: FloatArray) -> None:
     """The client finished sending a request (it travels to the router) or receiving an
     answer."""
-    kind, q = fifo_pop(cjobs, cq, sim[0].cnow)
+    kind, q = fifo_pop(st.cjobs, st.cq, st.sim[0].cnow)
     if kind == SEND:
-        heap_push(events, heap, now + 0.5 * requests[q], REACH_ROUTER, q)
+        heap_push(st.events, st.heap, now + 0.5 * inputs.requests[q], REACH_ROUTER, q)
     else:
         answered[q] = now
