@@ -19,6 +19,7 @@ from sloline.planner.overhead import ServingOverhead
 from sloline.planner.profile import PipelineProfile
 from sloline.planner.sim.draws import ServiceDraws, ServiceMode, overhead_draws, service_draws
 from sloline.planner.sim.pipeline import PipelineInputs, simulate_pipeline
+from sloline.planner.sim.rule import dependants
 from sloline.planner.topology import Topology
 
 __all__ = ["estimate_routed", "routed_inputs"]
@@ -53,17 +54,6 @@ def _service_arrays(
         idle[m, 0, k:] = d.idle_s[0, -1] + np.arange(1, points - k + 1)
         idle[m, 1, k:] = d.idle_s[1, -1]
     return tables, cols, scales, idle
-
-
-def _children(topology: Topology) -> tuple[IntArray, IntArray]:
-    """The stages waiting on stage m: ``child_idx[child_ptr[m]:child_ptr[m + 1]]``."""
-    children: list[list[int]] = [[] for _ in range(len(topology))]
-    for m, deps in enumerate(topology.deps):
-        for dep in deps:
-            children[dep].append(m)
-    child_ptr = np.zeros(len(topology) + 1, dtype=np.int64)
-    child_ptr[1:] = np.cumsum([len(c) for c in children])
-    return child_ptr, np.array([c for cs in children for c in cs], dtype=np.int64)
 
 
 def _requests(
@@ -106,7 +96,7 @@ def routed_inputs(
             for m in range(len(topology))
         ]
     )
-    child_ptr, child_idx = _children(topology)
+    child_ptr, child_idx = dependants(topology)
     return PipelineInputs(
         arrivals_s=workload.arrivals_s,
         visits=workload.visits,

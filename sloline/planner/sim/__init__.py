@@ -9,6 +9,11 @@
   hops, request paths and shared cores included (its state and handlers in
   :mod:`~sloline.planner.sim.state`, its queues in :mod:`~sloline.planner.sim.queues`).
 
+numba's disk cache keys each compiled function by its own file only: after editing
+``rule.py``, ``queues.py`` or ``state.py``, delete the ``*.nbi`` / ``*.nbc`` files under
+``sloline/planner/sim/__pycache__`` (or touch the calling module) so that the kernels
+that inline them recompile.
+
 Nothing is re-exported here: the pipeline kernel takes seconds to compile where numba's
 cache is empty, and only estimates of profiles with a serving overhead load it.
 """

@@ -21,7 +21,9 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["batch_service", "idle_penalty", "inlined", "kernel", "release"]
+from sloline.planner.topology import Topology
+
+__all__ = ["batch_service", "dependants", "idle_penalty", "inlined", "kernel", "release"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -127,3 +129,15 @@ def release(
                     stack[sp] = c
                     sp += 1
     return count
+
+
+def dependants(topology: Topology) -> tuple[IntArray, IntArray]:
+    """The stages waiting on each stage, as :func:`release` takes them: those on stage m
+    are ``child_idx[child_ptr[m]:child_ptr[m + 1]]``, in stage order."""
+    children: list[list[int]] = [[] for _ in range(len(topology))]
+    for m, deps in enumerate(topology.deps):
+        for dep in deps:
+            children[dep].append(m)
+    child_ptr = np.zeros(len(topology) + 1, dtype=np.int64)
+    child_ptr[1:] = np.cumsum([len(c) for c in children])
+    return child_ptr, np.array([c for cs in children for c in cs], dtype=np.int64)
