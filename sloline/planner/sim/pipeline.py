@@ -40,14 +40,16 @@ pipeline at 100 rps takes a few hundred milliseconds (docs/planner.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+import numba
 import numpy as np
 import numpy.typing as npt
 
 from sloline.planner.sim.queues import heap_pop
-from sloline.planner.sim.rule import inlined, kernel
+from sloline.planner.sim.rule import eager, inlined
 from sloline.planner.sim.state import (
     HOP_BACK,
     HOP_OUT,
@@ -217,7 +219,45 @@ def _timed(st: State) -> None:
         client_push(st, RECV, q)
 
 
-@kernel
+def _frozen(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """An array as the compiled loop takes it: C-contiguous, read-only."""
+    view = np.ascontiguousarray(array).view()
+    view.setflags(write=False)
+    return view
+
+
+def _prepared(inputs: PipelineInputs) -> PipelineInputs:
+    """The inputs with the types of the loop's one signature: read-only arrays, ``visits``
+    flat (:func:`~sloline.planner.sim.rule.release`'s ``visits[q * M + c]``), plain
+    numbers."""
+    fields: dict[str, Any] = {
+        k: _frozen(v) for k, v in inputs._asdict().items() if isinstance(v, np.ndarray)
+    }
+    fields["visits"] = fields["visits"].reshape(-1)
+    fields["output"] = int(inputs.output)
+    for k in ("worker_cpu_s", "client_cpu_s", "cores", "worker_weight"):
+        fields[k] = float(getattr(inputs, k))
+    return inputs._replace(**fields)
+
+
+def _signature() -> Any:
+    """The loop's one signature (the types :func:`simulate_pipeline` passes), so that it
+    compiles, or loads from numba's cache, when this module is imported."""
+    ints, floats = np.zeros(1, dtype=np.int64), np.zeros(1)
+    inputs = _prepared(
+        PipelineInputs(
+            floats, np.ones((1, 1), dtype=np.bool_), np.zeros(2, dtype=np.int64), ints, ints,
+            0, ints + 1, ints + 1, floats, np.zeros((1, 2, 1)), np.zeros((1, 1), np.int64),
+            np.ones((1, 1)), np.zeros((1, 1)), np.zeros((1, 2, 1)), floats, np.zeros(3),
+            np.zeros((1, 2, 1)), 0.0, 0.0, 0.0,
+        )
+    )  # fmt: skip
+    typeof = cast(Callable[[object], Any], numba.typeof)
+    args = (inputs, _frozen(floats), _frozen(ints), State.start(inputs), floats)
+    return numba.void(*(typeof(a) for a in args))
+
+
+@eager(_signature())
 def _run(
     inputs: PipelineInputs,
     enter_t: FloatArray,
@@ -253,21 +293,9 @@ def _run(
         charge_wake(st.sim, st.rjobs, st.rq, inputs.router_idle, now)
 
 
-def _frozen(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """An input as the compiled loop takes it (C-contiguous, read-only), so that every
-    call runs the same compiled code."""
-    view = np.ascontiguousarray(array).view()
-    view.setflags(write=False)
-    return view
-
-
 def simulate_pipeline(inputs: PipelineInputs) -> PipelineRun:
     """Run the routed pipeline simulation (see the module doc)."""
-    arrays: dict[str, Any] = {
-        k: _frozen(v) for k, v in inputs._asdict().items() if isinstance(v, np.ndarray)
-    }
-    arrays["visits"] = arrays["visits"].reshape(-1)  # release()'s visits[q * M + c]
-    inputs = inputs._replace(**arrays)
+    inputs = _prepared(inputs)
     arrivals = inputs.arrivals_s
     n = arrivals.shape[0]
     answered = np.full(n, np.nan)
@@ -281,7 +309,7 @@ def simulate_pipeline(inputs: PipelineInputs) -> PipelineRun:
         enter_q = np.argsort(reach, kind="stable").astype(np.int64)
         enter_t = np.ascontiguousarray(reach[enter_q])
     state = State.start(inputs)
-    _run(inputs, enter_t, enter_q, state, answered)
+    _run(inputs, _frozen(enter_t), _frozen(enter_q), state, answered)
     stg, sim = state.stg, state.sim[0]
     return PipelineRun(
         answered,

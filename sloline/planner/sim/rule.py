@@ -23,7 +23,15 @@ import numpy.typing as npt
 
 from sloline.planner.topology import Topology
 
-__all__ = ["batch_service", "dependants", "idle_penalty", "inlined", "kernel", "release"]
+__all__ = [
+    "batch_service",
+    "dependants",
+    "eager",
+    "idle_penalty",
+    "inlined",
+    "kernel",
+    "release",
+]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -40,6 +48,12 @@ def kernel(fn: _F) -> _F:
     """Compile ``fn`` as the simulations' functions are: nopython, cached on disk, without
     the GIL and without reference counting (arrays come from the caller)."""
     return cast(_F, numba.njit(cache=True, nogil=True, **NO_REFCOUNT)(fn))
+
+
+def eager(signature: Any) -> Callable[[_F], _F]:
+    """:func:`kernel` with one signature: compiled, or loaded from numba's cache, when its
+    module is imported, so that no call pays for it."""
+    return cast(Callable[[_F], _F], numba.njit(signature, cache=True, nogil=True, **NO_REFCOUNT))
 
 
 def inlined(fn: _F) -> _F:

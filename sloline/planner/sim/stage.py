@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sloline.planner.sim.draws import ServiceDraws
-from sloline.planner.sim.rule import NO_REFCOUNT, batch_service, idle_penalty, kernel
+from sloline.planner.sim.rule import batch_service, eager, idle_penalty, kernel
 
 __all__ = ["StageRun", "serve"]
 
@@ -97,7 +97,7 @@ _SIGNATURE = numba.types.Tuple((numba.int64, numba.float64))(  # type: ignore[no
 )
 
 
-@numba.njit(_SIGNATURE, cache=True, nogil=True, **NO_REFCOUNT)
+@eager(_SIGNATURE)
 def _serve(
     ready: FloatArray,
     max_batch: int,
