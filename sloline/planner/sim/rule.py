@@ -38,9 +38,11 @@ IntArray = npt.NDArray[np.int64]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-# numba's reference counting off (its private ``_nrt`` option): the kernels allocate
-# nothing, and with it every array handed to a helper costs two atomic operations, which
-# made the pipeline loop written as small functions twice as slow as written in one piece.
+# numba's reference counting off (its private ``_nrt`` option). With it, every array a
+# compiled helper is handed costs two atomic operations, which made the routed pipeline's
+# loop, written as small functions, run at half the speed of the same loop in one piece;
+# without it the loop runs several times faster (benchmarks/estimator_speed.py). The
+# price: a kernel cannot create arrays, its Python caller allocates them.
 NO_REFCOUNT: dict[str, Any] = {"_nrt": False}
 
 
