@@ -178,7 +178,7 @@ class _Simulation:
         )
         fixed = None
         if not draws.cols.size and not draws.scales.size:
-            fixed = [float(v) + draws.hop_s for v in draws.table_s[:, 0].tolist()]
+            fixed = [draws.time_s(0, k) for k in range(draws.table_s.shape[0])]
         return Config(cfg, draws, fixed, settings.prices_per_hour.get(cfg.hardware, 0.0))
 
     def _reconfigure(self, m: int, cfg: StageConfig, now: float) -> None:
