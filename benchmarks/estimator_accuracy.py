@@ -100,7 +100,6 @@ from sloline.planner.calibration import Calibration, hops  # noqa: E402
 from sloline.planner.config import StageConfig  # noqa: E402
 from sloline.planner.estimator import (  # noqa: E402
     Estimate,
-    ServiceMode,
     Workload,
     estimate,
     no_queue_latencies,
@@ -110,6 +109,7 @@ from sloline.planner.profile import (  # noqa: E402
     PipelineProfile,
     StageProfile,
 )
+from sloline.planner.sim.draws import ServiceMode  # noqa: E402
 from sloline.planner.topology import Topology  # noqa: E402
 from sloline.serving.memory import tune_malloc  # noqa: E402
 from sloline.serving.server import ServerSettings  # noqa: E402

@@ -36,10 +36,11 @@ import numpy as np
 
 from sloline.common.trace import gamma_arrivals
 from sloline.planner.config import StageConfig
-from sloline.planner.estimator import ServiceMode, Workload, estimate, service_draws
+from sloline.planner.estimator import Workload, estimate
 from sloline.planner.overhead import ServingOverhead
 from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
-from sloline.planner.queueing import serve
+from sloline.planner.sim.draws import ServiceMode, service_draws
+from sloline.planner.sim.stage import serve
 from sloline.planner.topology import Topology
 
 RESULTS = Path(__file__).parent / "results"
@@ -49,7 +50,7 @@ RATE_RPS = 100.0
 def pure_python_stage(
     ready: list[float], max_batch: int, replicas: int, occupancy: list[float]
 ) -> list[float]:
-    """The compiled loop of sloline.planner.queueing in plain Python, deterministic service
+    """The compiled loop of sloline.planner.sim.stage in plain Python, deterministic service
     (``occupancy[k]``: service + hop of a batch of k) — its fastest pure-Python form."""
     n = len(ready)
     free = [float("-inf")] * replicas

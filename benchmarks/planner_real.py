@@ -149,8 +149,8 @@ import json, sys, time
 start = time.perf_counter()
 import sloline.planner.evaluator, sloline.planner.planner
 imported = time.perf_counter()
-loaded = "sloline.planner.shared" in sys.modules
-import sloline.planner.shared
+loaded = "sloline.planner.routed" in sys.modules
+import sloline.planner.routed
 print(json.dumps({"import_planner_s": imported - start, "shared_at_import": loaded,
                   "first_shared_estimate_s": time.perf_counter() - imported}))
 """

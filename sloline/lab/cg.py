@@ -19,9 +19,10 @@ import numpy as np
 
 from sloline.common.trace import mean_rate_rps, peak_rate_rps
 from sloline.planner.config import StageConfig
-from sloline.planner.estimator import no_queue_latencies, summary_stat
+from sloline.planner.estimator import no_queue_latencies
 from sloline.planner.evaluator import Evaluator
 from sloline.planner.problem import PlanningProblem
+from sloline.planner.sim.draws import summary_stat
 
 __all__ = ["Baseline", "cg_baseline", "cg_baselines"]
 

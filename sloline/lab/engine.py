@@ -43,18 +43,19 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from sloline.common.envelope import StreamingEnvelope
+from sloline.lab.fleet import Config, Replica, Stage
 from sloline.lab.loop import Observation, Policy, Run, ScaleEvent, StageView, Targets
 from sloline.planner.config import StageConfig
-from sloline.planner.estimator import ServiceMode, Workload, service_draws
+from sloline.planner.estimator import Workload
 from sloline.planner.profile import PipelineProfile
-from sloline.planner.queueing import ServiceDraws
+from sloline.planner.sim.draws import ServiceMode, service_draws
+from sloline.planner.sim.rule import dependants, release
 from sloline.planner.topology import Topology
 
 __all__ = ["EngineSettings", "run_closed_loop"]
@@ -82,71 +83,38 @@ class EngineSettings:
             )
 
 
-class _Config:
-    """One configuration a stage's replicas serve with (a stage has several only while a
-    reconfiguration hands over): batch limit, service draws, price per hour."""
-
-    __slots__ = ("config", "draws", "max_batch", "occupancy", "price")
-
-    def __init__(
-        self, config: StageConfig, draws: ServiceDraws, occupancy: list[float] | None, price: float
-    ) -> None:
-        self.config = config
-        self.max_batch = config.max_batch
-        self.draws = draws
-        self.occupancy = occupancy  # per batch size, when service times are fixed
-        self.price = price
-
-
-class _Replica:
-    __slots__ = ("alive", "busy", "cfg", "idle_since", "retiring", "rid", "serving")
-
-    def __init__(self, rid: int, cfg: _Config, serving: bool, now: float) -> None:
-        self.rid = rid
-        self.cfg = cfg
-        self.serving = serving  # activated (not starting)
-        self.alive = True
-        self.busy = False
-        self.retiring = False
-        self.idle_since = now
-
-
-class _Stage:
-    """Runtime state of one stage; ``acc`` integrates the counts over time.
-
-    ``cfg`` is the configuration new replicas get. After a reconfiguration the replicas of
-    earlier ones (``old``) keep serving, uncounted, until every replica of the new one
-    serves; then they leave as a scale-down's do."""
+class _Graph:
+    """The pipeline's stages as :func:`~sloline.planner.sim.rule.release` takes them, with
+    how many dependencies each query still waits on at each stage."""
 
     __slots__ = (
-        "batches", "billed", "billed_area", "busy", "busy_area", "cfg", "cost_area",
-        "cost_rate", "idle", "in_service", "last", "n_ready", "n_starting", "next_rid",
-        "old", "ong_area", "queue", "ready_area", "replicas", "snap",
-    )  # fmt: skip
+        "child_idx",
+        "child_ptr",
+        "n_deps",
+        "output",
+        "pending",
+        "ready",
+        "stack",
+        "visits",
+    )
 
-    def __init__(self, cfg: _Config) -> None:
-        self.cfg = cfg
-        self.old = 0  # replicas of earlier configurations still serving
-        self.queue: deque[int] = deque()
-        self.idle: list[int] = []  # heap of idle serving replica ids
-        self.replicas: dict[int, _Replica] = {}
-        self.next_rid = 0
-        self.batches = self.in_service = self.busy = 0
-        self.n_ready = self.n_starting = self.billed = 0
-        self.last = 0.0
-        self.ong_area = self.busy_area = self.ready_area = self.billed_area = 0.0
-        self.cost_rate = self.cost_area = 0.0  # $ per hour of the billed replicas, integral
-        self.snap = (0.0, 0.0, 0.0)  # areas at the last tick
+    def __init__(self, topology: Topology, workload: Workload) -> None:
+        self.child_ptr, self.child_idx = dependants(topology)
+        self.n_deps = np.array([len(deps) for deps in topology.deps], dtype=np.int64)
+        self.output = topology.output
+        self.visits = np.ascontiguousarray(workload.visits).reshape(-1)
+        self.pending = np.tile(self.n_deps.astype(np.int32), workload.size)
+        self.stack = np.zeros(len(topology), dtype=np.int64)
+        self.ready = np.zeros(len(topology) + 1, dtype=np.int64)
 
-    def acc(self, t: float) -> None:
-        dt = t - self.last
-        if dt > 0.0:
-            self.ong_area += (len(self.queue) + self.in_service) * dt
-            self.busy_area += self.busy * dt
-            self.ready_area += self.n_ready * dt
-            self.billed_area += self.billed * dt
-            self.cost_area += self.cost_rate * dt
-            self.last = t
+    def release(self, q: int, m: int) -> list[int]:
+        """Stage m is done for query q (m = -1: q arrived): the stages q is now queued
+        at, in order, and -1 when q is answered."""
+        count = release(
+            q, m, self.pending, self.visits, self.child_ptr, self.child_idx, self.n_deps,
+            self.output, self.stack, self.ready,
+        )  # fmt: skip
+        return list(self.ready[:count].tolist())
 
 
 class _Simulation:
@@ -172,27 +140,21 @@ class _Simulation:
         self.n_stages = len(topology)
         self.arrivals_s = workload.arrivals_s
         self.arrivals = workload.arrivals_s.tolist()
-        self.visits = workload.visits.ravel().tolist()
-        self.children: list[list[int]] = [[] for _ in range(self.n_stages)]
-        for m, deps in enumerate(topology.deps):
-            for d in deps:
-                self.children[d].append(m)
-        self.sources = [m for m, deps in enumerate(topology.deps) if not deps]
-        self.pending = [len(deps) for deps in topology.deps] * workload.size
+        self.graph = _Graph(topology, workload)
         self.latency = [math.nan] * workload.size
         self.profile = profile
         self.visits_m = [int(np.count_nonzero(workload.visits[:, m])) for m in range(len(topology))]
-        self.stages: list[_Stage] = []
+        self.stages: list[Stage] = []
         for m, cfg in enumerate(policy.config):
-            stage = _Stage(self._config(m, cfg))
+            stage = Stage(self._config(m, cfg))
             for _ in range(cfg.replicas):
-                self._new_replica(stage, serving=True, now=0.0)
+                stage.new_replica(serving=True, now=0.0)
             self.stages.append(stage)
-        self.heap: list[tuple[float, int, int, _Replica, list[int] | None]] = []
+        self.heap: list[tuple[float, int, int, Replica, list[int] | None]] = []
         self.seq = 0
         self.pushes: list[list[int]] = [[] for _ in range(self.n_stages)]
         self.touched: list[int] = []  # stages with pushes at this instant
-        self.freed: list[tuple[int, _Replica]] = []
+        self.freed: list[tuple[int, Replica]] = []
         self.in_system = 0
         self.sys_area = 0.0
         self.sys_last = 0.0
@@ -203,7 +165,7 @@ class _Simulation:
 
     # -- replicas -------------------------------------------------------------------------
 
-    def _config(self, m: int, cfg: StageConfig) -> _Config:
+    def _config(self, m: int, cfg: StageConfig) -> Config:
         settings = self.settings
         draws = service_draws(
             self.profile.stage(self.topology.stages[m], cfg.hardware),
@@ -216,154 +178,62 @@ class _Simulation:
         )
         fixed = None
         if not draws.cols.size and not draws.scales.size:
-            fixed = [float(v) + draws.hop_s for v in draws.table_s[:, 0].tolist()]
-        return _Config(cfg, draws, fixed, settings.prices_per_hour.get(cfg.hardware, 0.0))
-
-    def _new_replica(self, stage: _Stage, *, serving: bool, now: float) -> _Replica:
-        replica = _Replica(stage.next_rid, stage.cfg, serving, now)
-        stage.next_rid += 1
-        stage.replicas[replica.rid] = replica
-        stage.billed += 1
-        stage.cost_rate += replica.cfg.price
-        if serving:
-            stage.n_ready += 1
-            heapq.heappush(stage.idle, replica.rid)
-        else:
-            stage.n_starting += 1
-        return replica
-
-    def _remove(self, stage: _Stage, replica: _Replica) -> None:
-        replica.alive = False
-        del stage.replicas[replica.rid]
-        stage.billed -= 1
-        stage.cost_rate -= replica.cfg.price
-        if replica.cfg is not stage.cfg:  # an earlier configuration's, never counted
-            stage.old -= 1
-        elif not replica.serving:
-            stage.n_starting -= 1
-        elif not replica.retiring:  # a leaving replica was no longer counted as ready
-            stage.n_ready -= 1
+            fixed = [draws.time_s(0, k) for k in range(draws.table_s.shape[0])]
+        return Config(cfg, draws, fixed, settings.prices_per_hour.get(cfg.hardware, 0.0))
 
     def _reconfigure(self, m: int, cfg: StageConfig, now: float) -> None:
         """Serve stage m with ``cfg`` from now on: ``cfg.replicas`` new replicas start; the
-        current ones serve on, uncounted, until all of them serve (:meth:`_handover`)."""
+        current ones serve on, uncounted, until all of them serve (:meth:`Stage.handover`)."""
         stage = self.stages[m]
         stage.acc(now)
-        current = stage.n_ready + stage.n_starting
-        for replica in list(stage.replicas.values()):
-            if replica.cfg is stage.cfg:
-                if not replica.serving:  # never served: cancelled outright
-                    self._remove(stage, replica)
-                    continue
-                stage.old += 1
-                if not replica.retiring:
-                    stage.n_ready -= 1
-        stage.cfg = self._config(m, cfg)
+        current = stage.desired
+        stage.reconfigure(self._config(m, cfg))
         self.events.append(ScaleEvent(now, self.topology.stages[m], current, cfg.replicas, cfg))
         for _ in range(cfg.replicas):
             self._start(m, stage, now)
 
-    def _start(self, m: int, stage: _Stage, now: float) -> None:
-        replica = self._new_replica(stage, serving=False, now=now)
+    def _start(self, m: int, stage: Stage, now: float) -> None:
+        replica = stage.new_replica(serving=False, now=now)
         ready_at = now + self.settings.activation_delay_s
         heapq.heappush(self.heap, (ready_at, self.seq, m, replica, None))
         self.seq += 1
 
-    def _handover(self, stage: _Stage) -> None:
-        """Once every replica of the stage's configuration serves, the earlier
-        configurations' replicas leave: idle ones at once, busy ones after their batch."""
-        if not stage.old or stage.n_starting:
-            return
-        for replica in list(stage.replicas.values()):
-            if replica.cfg is stage.cfg:
-                continue
-            if replica.busy:
-                replica.retiring = True
-            else:  # idle, or freed at this instant and not yet idle
-                if replica.rid in stage.idle:
-                    stage.idle.remove(replica.rid)
-                self._remove(stage, replica)
-        heapq.heapify(stage.idle)
-
     def _scale(self, m: int, target: int, now: float) -> None:
         stage = self.stages[m]
         stage.acc(now)
-        current = stage.n_ready + stage.n_starting
+        current = stage.desired
         if target == current:
             return
-        leaving = [r for r in stage.replicas.values() if r.retiring and r.cfg is stage.cfg]
         self.events.append(ScaleEvent(now, self.topology.stages[m], current, target))
-        if target > current:
-            add = target - current
-            for replica in leaving[:add]:  # keep the leaving ones first: they run already
-                replica.retiring = False
-                stage.n_ready += 1
-                add -= 1
-            for _ in range(add):
-                self._start(m, stage, now)
-            return
-        drop = current - target
-        live = [
-            r for r in reversed(stage.replicas.values()) if not r.retiring and r.cfg is stage.cfg
-        ]
-        for replica in [r for r in live if not r.serving][:drop]:
-            self._remove(stage, replica)
-            drop -= 1
-        idle = [r for r in live if r.serving and not r.busy][:drop]
-        for replica in idle:
-            stage.idle.remove(replica.rid)
-            self._remove(stage, replica)
-        heapq.heapify(stage.idle)
-        drop -= len(idle)
-        for replica in [r for r in live if r.busy][:drop]:
-            replica.retiring = True  # finishes its batch, then leaves
-            stage.n_ready -= 1
-        self._handover(stage)  # cancelled starters may complete one
+        for _ in range(stage.scale(target)):
+            self._start(m, stage, now)
 
     # -- queries --------------------------------------------------------------------------
 
     def _finish(self, q: int, m: int, t: float) -> None:
-        """Stage m completed (or skipped) query q at t: release its dependants."""
-        base = q * self.n_stages
-        pending, visits, children, pushes = self.pending, self.visits, self.children, self.pushes
-        stack = [m]
-        while stack:
-            s = stack.pop()
-            if s == self.topology.output:
+        """Stage m completed query q at t (m = -1: q arrived): q goes to the stages ready
+        for it (the dispatch rule's :func:`~sloline.planner.sim.rule.release`), and is
+        answered once the output stage is done."""
+        for c in self.graph.release(q, m):
+            if c < 0:
                 self.latency[q] = t - self.arrivals[q]
                 self._system(t, -1)
-            for c in children[s]:
-                k = base + c
-                pending[k] -= 1
-                if pending[k] == 0:
-                    if visits[k]:
-                        items = pushes[c]
-                        if not items:
-                            self.touched.append(c)
-                        items.append(q)
-                    else:
-                        stack.append(c)
+                continue
+            items = self.pushes[c]
+            if not items:
+                self.touched.append(c)
+            items.append(q)
 
     def _arrive(self, q: int, t: float) -> None:
         self._system(t, 1)
-        base = q * self.n_stages
-        for s in self.sources:
-            if self.visits[base + s]:
-                items = self.pushes[s]
-                if not items:
-                    self.touched.append(s)
-                items.append(q)
-            else:
-                self._finish(q, s, t)
+        self._finish(q, -1, t)
 
     def _system(self, t: float, delta: int) -> None:
         self.sys_area += self.in_system * (t - self.sys_last)
         self.sys_last = t
         self.in_system += delta
 
-    def _dispatch(
-        self, m: int, stage: _Stage, replica: _Replica, batch: list[int], t: float
-    ) -> None:
+    def _dispatch(self, m: int, stage: Stage, replica: Replica, batch: list[int], t: float) -> None:
         k, cfg = len(batch), replica.cfg
         if cfg.occupancy is not None:
             duration = cfg.occupancy[k]
@@ -408,7 +278,7 @@ class _Simulation:
                 heapq.heappush(stage.idle, replica.rid)
         freed.clear()
 
-    def _complete(self, m: int, replica: _Replica, batch: list[int] | None, t: float) -> None:
+    def _complete(self, m: int, replica: Replica, batch: list[int] | None, t: float) -> None:
         stage = self.stages[m]
         stage.acc(t)
         if batch is None:  # an activation
@@ -418,14 +288,14 @@ class _Simulation:
                 stage.n_starting -= 1
                 stage.n_ready += 1
                 self.freed.append((m, replica))
-                self._handover(stage)
+                stage.handover()
             return
         stage.busy -= 1
         stage.in_service -= len(batch)
         replica.busy = False
         replica.idle_since = t
         if replica.retiring:
-            self._remove(stage, replica)
+            stage.remove(replica)
         else:
             self.freed.append((m, replica))
         for q in batch:
@@ -464,7 +334,7 @@ class _Simulation:
             views.append(
                 StageView(
                     name=name,
-                    desired=stage.n_ready + stage.n_starting,
+                    desired=stage.desired,
                     ready=stage.n_ready,
                     starting=stage.n_starting,
                     queued=len(stage.queue),
@@ -533,7 +403,7 @@ class _Simulation:
                 if policy.step is not None:
                     targets, state = policy.step(observation, state)
                     self._apply(targets, t_tick)
-                desired.append([s.n_ready + s.n_starting for s in self.stages])
+                desired.append([s.desired for s in self.stages])
                 ready.append([s.n_ready for s in self.stages])
                 billed.append([s.billed for s in self.stages])
                 cost_rate.append(sum(s.cost_rate for s in self.stages))

@@ -4,7 +4,7 @@
   factors, hop overhead, visit matrix (what the profiler produces, §4.1);
 - :mod:`~sloline.common.trace` — planning traces: gamma arrivals or recorded timestamps;
 - :mod:`~sloline.planner.estimator` — the discrete-event simulation of the router (§4.2),
-  with :mod:`~sloline.planner.queueing` as its compiled inner loop;
+  on the event simulation of :mod:`~sloline.planner.sim`;
 - :mod:`~sloline.planner.planner` — Algorithms 1 and 2 (§4.3) and :func:`plan`;
 - :mod:`~sloline.planner.describe` — a configuration packaged as a plan, its headroom;
 - :mod:`~sloline.lab.optimum` — branch and bound, to measure the greedy gap;

@@ -12,13 +12,13 @@ require it. End-to-end latency is the output stage's completion minus the arriva
 Queues are FIFO with no back-pressure, so each stage depends only on when queries become
 ready at it. The simulation therefore runs stage by stage in topological order: ready
 times are the element-wise max of the dependencies' completions (numpy), and each stage's
-queue is one compiled pass over batches (:mod:`sloline.planner.queueing`). This is exactly
+queue is one compiled pass over batches (:mod:`sloline.planner.sim.stage`). This is exactly
 the global event simulation (a test proves it on random cases), at ~10 ns per item.
 
 A profile with a measured serving overhead (router CPU, hop and request-path
 distributions, shared cores: :mod:`sloline.planner.overhead`) couples the stages through
 the router and the cores they share; then the whole pipeline is simulated at once, event
-by event (:mod:`sloline.planner.shared`), with the same dispatch rules. That module is
+by event (:mod:`sloline.planner.routed`), with the same dispatch rules. That module is
 imported on the first such estimate: where numba's cache is empty (a fresh container's
 ``NUMBA_CACHE_DIR``) its kernel takes 13-15 s to compile, which planners of profiles
 without a serving overhead (the operator's) need not pay.
@@ -30,48 +30,31 @@ import math
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from sloline.planner.config import StageConfig
-from sloline.planner.profile import PipelineProfile, StageProfile, Stat
-from sloline.planner.queueing import ServiceDraws, serve
+from sloline.planner.profile import PipelineProfile
+from sloline.planner.sim.draws import ServiceMode, service_draws
+from sloline.planner.sim.stage import serve
 from sloline.planner.topology import Topology
-
-if TYPE_CHECKING:
-    from sloline.planner.shared import SharedInputs
 
 __all__ = [
     "Estimate",
-    "ServiceMode",
     "StageCache",
     "StageStats",
     "Workload",
     "estimate",
     "no_queue_latencies",
-    "service_draws",
-    "summary_stat",
 ]
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
-# How a batch's service time is drawn from its profile: a fixed statistic (p50 is the
-# default, as InferLine's profiles are medians), a draw from the raw samples, or an
-# exponential with the profiled mean (for checks against M/M/c closed forms).
-ServiceMode = Literal["p50", "mean", "p99", "samples", "exponential"]
-_SUMMARY: dict[str, Stat] = {"p50": "p50", "mean": "mean", "p99": "p99"}
-# SeedSequence spawn keys of the random streams: the Bernoulli visits (0,); stage m's
-# service draws (m + 1,) and hop draws (m + 1, 1); the request paths (0, 1).
+# SeedSequence spawn key of the Bernoulli visits' random stream (stage m's service draws
+# use (m + 1,), its hop draws (m + 1, 1), the request paths (0, 1)).
 _VISIT_STREAM = 0
-_HOP_STREAM = 1
-
-
-def summary_stat(mode: ServiceMode) -> Stat:
-    """The fixed statistic that stands for ``mode`` in service-time screens."""
-    return _SUMMARY.get(mode, "mean" if mode == "exponential" else "p50")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -183,56 +166,6 @@ class Estimate:
     def attainment(self, slo_s: float) -> float:
         """Fraction of queries whose latency is within ``slo_s``."""
         return float(np.count_nonzero(self.latencies_s <= slo_s)) / self.latencies_s.size
-
-
-_NO_INTS = np.empty(0, dtype=np.int64)
-_NO_FLOATS = np.empty(0, dtype=np.float64)
-_NO_IDLE = np.zeros((2, 1), dtype=np.float64)
-
-
-def service_draws(
-    profile: StageProfile,
-    max_batch: int,
-    mode: ServiceMode,
-    hop_s: float,
-    n_batches: int,
-    *,
-    seed: int = 0,
-    stage: int = 0,
-) -> ServiceDraws:
-    """Service times of one stage's batches under ``mode``. Random modes pre-draw one value
-    per possible batch from a stream keyed by (seed, stage), so the b-th batch of a stage
-    always gets the b-th draw whatever the other stages do."""
-    idle = profile.idle.table() if profile.idle is not None else _NO_IDLE
-    if mode in _SUMMARY:
-        table = profile.latency_table_s(max_batch, _SUMMARY[mode])[:, None]
-        return ServiceDraws(np.ascontiguousarray(table), _NO_INTS, _NO_FLOATS, hop_s, idle)
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stage + 1,)))
-    if mode == "samples":
-        table = profile.quantile_table_s(max_batch)
-        cols = rng.integers(0, table.shape[1], size=n_batches, dtype=np.int64)
-        return ServiceDraws(table, cols, _NO_FLOATS, hop_s, idle)
-    table = np.ascontiguousarray(profile.latency_table_s(max_batch, "mean")[:, None])
-    return ServiceDraws(table, _NO_INTS, rng.standard_exponential(n_batches), hop_s, idle)
-
-
-def _overhead_draws(
-    sorted_s: FloatArray, mode: ServiceMode, count: int, seed: int, key: tuple[int, ...]
-) -> FloatArray:
-    """``count`` values of a measured overhead distribution (sorted samples) under
-    ``mode``: its statistic for the summary modes (the median for ``exponential``, whose
-    exponential draws are for service times only), else draws from a stream keyed by
-    (seed, key)."""
-    if mode == "samples":
-        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=key))
-        return sorted_s[rng.integers(0, sorted_s.size, size=count)]
-    if mode == "mean":
-        value = float(sorted_s.mean())
-    elif mode == "p99":
-        value = float(np.percentile(sorted_s, 99.0, method="inverted_cdf"))
-    else:
-        value = float(np.median(sorted_s))
-    return np.full(count, value)
 
 
 def _ready_times(
@@ -356,7 +289,9 @@ def estimate(
     if len(config) != len(topology):
         raise ValueError(f"{len(config)} stage configs for {len(topology)} stages")
     if profile.overhead is not None:
-        return _estimate_shared(topology, profile, config, workload, service, seed)
+        from sloline.planner.routed import estimate_routed
+
+        return estimate_routed(topology, profile, config, workload, service, seed)
     arrivals = workload.arrivals_s
     done: list[FloatArray] = []
     runs: list[_StageRun] = []
@@ -383,117 +318,6 @@ def estimate(
         for name, cfg, run in zip(topology.stages, config, runs, strict=True)
     )
     return Estimate(latencies, stats)
-
-
-def _shared_inputs(
-    topology: Topology,
-    profile: PipelineProfile,
-    config: Sequence[StageConfig],
-    workload: Workload,
-    service: ServiceMode,
-    seed: int,
-) -> SharedInputs:
-    from sloline.planner.shared import SharedInputs
-
-    overhead = profile.overhead
-    assert overhead is not None
-    n, n_stages = workload.size, len(topology)
-    counts = [workload.size if ix is None else ix.size for ix in workload.visit_index]
-    n_batches = max(1, *counts)
-    profiles = [
-        profile.stage(name, c.hardware) for name, c in zip(topology.stages, config, strict=True)
-    ]
-    draws = [
-        service_draws(p, c.max_batch, service, 0.0, n_batches, seed=seed, stage=m)
-        for m, (p, c) in enumerate(zip(profiles, config, strict=True))
-    ]
-    width = max(d.table_s.shape[1] for d in draws)
-    tables = np.zeros((n_stages, max(c.max_batch for c in config) + 1, width))
-    cols = np.zeros((n_stages, n_batches), dtype=np.int64)
-    scales = np.ones((n_stages, n_batches))
-    hops = np.empty((n_stages, n_batches))
-    points = max(d.idle_s.shape[1] for d in draws)
-    idle = np.zeros((2, n_stages, points))
-    hop_table = np.maximum(overhead.hop_table_s() - overhead.worker_batch_cpu_s, 0.0)
-    for m, d in enumerate(draws):
-        tables[m, : d.table_s.shape[0], : d.table_s.shape[1]] = d.table_s
-        if d.cols.size:
-            cols[m] = d.cols[:n_batches]
-        if d.scales.size:
-            scales[m] = d.scales[:n_batches]
-        hops[m] = _overhead_draws(hop_table, service, n_batches, seed, (m + 1, _HOP_STREAM))
-        k = d.idle_s.shape[1]
-        idle[:, m, :k] = d.idle_s
-        # Pad with points beyond the last gap, holding the last extra time.
-        idle[0, m, k:] = d.idle_s[0, -1] + np.arange(1, points - k + 1)
-        idle[1, m, k:] = d.idle_s[1, -1]
-    # A co-located client is simulated with its own CPU; the measured request path then
-    # loses the measuring client's share of it.
-    client_share = overhead.client_cpu_s if workload.client_cpu_s > 0.0 else 0.0
-    request_table = np.maximum(overhead.request_table_s() - client_share, 0.0)
-    requests = _overhead_draws(request_table, service, n, seed, (0, _HOP_STREAM))
-    children: list[list[int]] = [[] for _ in range(n_stages)]
-    for m, deps in enumerate(topology.deps):
-        for dep in deps:
-            children[dep].append(m)
-    child_ptr = np.zeros(n_stages + 1, dtype=np.int64)
-    child_ptr[1:] = np.cumsum([len(c) for c in children])
-    return SharedInputs(
-        arrivals_s=workload.arrivals_s,
-        visits=workload.visits,
-        child_ptr=child_ptr,
-        child_idx=np.array([c for cs in children for c in cs], dtype=np.int64),
-        n_deps=np.array([len(d) for d in topology.deps], dtype=np.int64),
-        output=topology.output,
-        max_batch=np.array([c.max_batch for c in config], dtype=np.int64),
-        replicas=np.array([c.replicas for c in config], dtype=np.int64),
-        replica_cores=np.array([float(p.cores) for p in profiles]),
-        tables=tables,
-        cols=cols,
-        scales=scales,
-        hops=hops,
-        idle_gap=np.ascontiguousarray(idle[0]),
-        idle_extra=np.ascontiguousarray(idle[1]),
-        requests=requests,
-        router_cpu_s=np.array(
-            [
-                overhead.router_request_cpu_s,
-                overhead.router_batch_cpu_s,
-                overhead.router_item_cpu_s,
-            ]
-        ),
-        router_idle=overhead.router_idle_table(),
-        worker_cpu_s=overhead.worker_batch_cpu_s,
-        client_cpu_s=workload.client_cpu_s,
-        cores=float(overhead.cores or 0),
-        worker_weight=overhead.worker_weight,
-    )
-
-
-def _estimate_shared(
-    topology: Topology,
-    profile: PipelineProfile,
-    config: Sequence[StageConfig],
-    workload: Workload,
-    service: ServiceMode,
-    seed: int,
-) -> Estimate:
-    from sloline.planner.shared import simulate_shared
-
-    run = simulate_shared(_shared_inputs(topology, profile, config, workload, service, seed))
-    arrivals = workload.arrivals_s
-    span = max(float(np.max(run.answered_s)), float(arrivals[-1])) - float(arrivals[0])
-    stats = tuple(
-        StageStats(
-            name=name,
-            visits=int(run.visits[m]),
-            batches=int(run.batches[m]),
-            busy_s=float(run.busy_s[m]),
-            utilisation=float(run.busy_s[m]) / (cfg.replicas * span) if span > 0.0 else 0.0,
-        )
-        for m, (name, cfg) in enumerate(zip(topology.stages, config, strict=True))
-    )
-    return Estimate(run.answered_s - arrivals, stats, run.router_busy_s, run.router_cpu_s)
 
 
 def no_queue_latencies(

@@ -16,7 +16,7 @@ machine that hides the three things that shape sloline's tail latency besides th
 
 :class:`ServingOverhead` holds what the profiler measures of these on a real router with
 real workers (``sloline.measure.probe``); the estimator simulates them
-(``sloline.planner.shared``).
+(``sloline.planner.routed``).
 """
 
 from __future__ import annotations

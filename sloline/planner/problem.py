@@ -19,8 +19,8 @@ import numpy as np
 import numpy.typing as npt
 
 from sloline.planner.config import Config
-from sloline.planner.estimator import ServiceMode, summary_stat
 from sloline.planner.profile import PipelineProfile, StageProfile
+from sloline.planner.sim.draws import ServiceMode, summary_stat
 from sloline.planner.topology import Topology
 
 if TYPE_CHECKING:

@@ -21,8 +21,9 @@ import numpy as np
 import numpy.typing as npt
 
 from sloline.planner.config import StageConfig
-from sloline.planner.estimator import ServiceMode, Workload, service_draws
+from sloline.planner.estimator import Workload
 from sloline.planner.profile import PipelineProfile
+from sloline.planner.sim.draws import ServiceMode, service_draws
 from sloline.planner.topology import Topology
 
 Event = tuple[float, int, int, int, str, tuple[int, ...]]  # time, stage, phase, seq, kind, items

@@ -17,9 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sloline.planner.config import StageConfig
-from sloline.planner.estimator import ServiceMode, StageCache, Workload, estimate
+from sloline.planner.estimator import StageCache, Workload, estimate
 from sloline.planner.overhead import ServingOverhead
 from sloline.planner.profile import BatchLatency, IdlePenalty, PipelineProfile, StageProfile
+from sloline.planner.sim.draws import ServiceMode
 from sloline.planner.topology import Topology
 from tests.unit.planner.reference_des import simulate_reference
 

@@ -40,10 +40,11 @@ from sloline.lab.traces import (
     spike_trace,
 )
 from sloline.planner.config import StageConfig
-from sloline.planner.estimator import ServiceMode, Workload, estimate
+from sloline.planner.estimator import Workload, estimate
 from sloline.planner.planner import plan
 from sloline.planner.problem import PlanningProblem
 from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
+from sloline.planner.sim.draws import ServiceMode
 from sloline.planner.topology import Topology
 from sloline.tuner.replan import ReplanSettings
 

@@ -1,4 +1,5 @@
-"""One stage's centralized batched queue, simulated: the estimator's inner loop (§4.2).
+"""One stage's centralized batched queue, simulated by batches: the estimator's inner loop
+(§4.2).
 
 A stage is a FIFO queue served by ``replicas`` identical replicas with the router's pull
 dispatch: whenever a replica is idle and the queue is non-empty it takes
@@ -23,44 +24,19 @@ the measurements behind the choice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numba
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ServiceDraws", "StageRun", "serve"]
+from sloline.planner.sim.draws import ServiceDraws
+from sloline.planner.sim.rule import batch_service, eager, idle_penalty, kernel
+
+__all__ = ["StageRun", "serve"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-
-_NO_IDLE = np.zeros((2, 1), dtype=np.float64)
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class ServiceDraws:
-    """How long each batch occupies a replica: ``table_s[k, j]`` is a service time of a
-    batch of k; the b-th batch dispatched uses column ``cols[b]`` (0 when ``cols`` is
-    empty) times ``scales[b]`` (1 when empty), plus ``hop_s``, plus the idle penalty
-    ``idle_s`` (``[2, K]``: gaps from 0, extra times from 0, see
-    :meth:`~sloline.planner.profile.IdlePenalty.table`) for the time its worker was idle."""
-
-    table_s: FloatArray  # [max_batch + 1, J], C-contiguous
-    cols: IntArray  # [>= number of batches] or empty
-    scales: FloatArray  # [>= number of batches] or empty
-    hop_s: float
-    idle_s: FloatArray = field(default_factory=lambda: _NO_IDLE)
-
-    def time_s(self, batch_index: int, size: int, idle_gap_s: float = 0.0) -> float:
-        """Occupancy of the ``batch_index``-th batch, of ``size`` items, its worker idle for
-        ``idle_gap_s`` before it (same arithmetic as the compiled loop, so both give
-        bit-identical times)."""
-        col = int(self.cols[batch_index]) if self.cols.size else 0
-        service = float(self.table_s[size, col])
-        if self.scales.size:
-            service = service * float(self.scales[batch_index])
-        return service + self.hop_s + idle_penalty(self.idle_s, idle_gap_s)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -78,45 +54,62 @@ def _input(dtype: numba.types.Type, ndim: int) -> numba.types.Array:
     return numba.types.Array(dtype, ndim, "C", readonly=True)
 
 
-@numba.njit(cache=True, nogil=True)
-def idle_penalty(idle: FloatArray, gap: float) -> float:
-    """The idle penalty after ``gap`` seconds: linear between the table's points, the last
-    value beyond them (``idle[0]`` gaps from 0, ``idle[1]`` extra times from 0)."""
-    last = idle.shape[1] - 1
-    for j in range(1, last + 1):
-        if gap < idle[0, j]:
-            weight = (gap - idle[0, j - 1]) / (idle[0, j] - idle[0, j - 1])
-            return float(idle[1, j - 1] + (idle[1, j] - idle[1, j - 1]) * weight)
-    return float(idle[1, last])
+@kernel
+def _batch_size(ready: FloatArray, i: int, avail: int, max_batch: int, start: float) -> int:
+    """How many items, from the i-th, a replica freeing at ``start`` takes (every item
+    ready by then, up to ``max_batch``); ``avail``: items known to be ready already."""
+    avail = max(avail, i + 1)
+    limit = min(i + max_batch, ready.shape[0])
+    while avail < limit and ready[avail] <= start:
+        avail += 1
+    return avail - i
+
+
+@kernel
+def _replace_first(free: FloatArray, end: float) -> None:
+    """Replace the root of the min-heap of replica free times (the replica just used)
+    with its new free time."""
+    replicas = free.shape[0]
+    pos = 0
+    while True:
+        child = 2 * pos + 1
+        if child >= replicas:
+            break
+        if child + 1 < replicas and free[child + 1] < free[child]:
+            child += 1
+        if free[child] >= end:
+            break
+        free[pos] = free[child]
+        pos = child
+    free[pos] = end
 
 
 _SIGNATURE = numba.types.Tuple((numba.int64, numba.float64))(  # type: ignore[no-untyped-call]
     _input(numba.float64, 1),  # ready times, sorted
     numba.int64,  # max batch
-    numba.int64,  # replicas
-    _input(numba.float64, 2),  # service table
-    _input(numba.int64, 1),  # per-batch column
-    _input(numba.float64, 1),  # per-batch scale
+    _input(numba.float64, 3),  # service table [1, max_batch + 1, J]
+    _input(numba.int64, 2),  # per-batch column [1, batches or 0]
+    _input(numba.float64, 2),  # per-batch scale [1, batches or 0]
     numba.float64,  # hop overhead
-    _input(numba.float64, 2),  # idle penalty table
+    _input(numba.float64, 3),  # idle penalty table [1, 2, K]
+    numba.float64[::1],  # scratch: min-heap of replica free times, all -inf
     numba.float64[::1],  # out: completion per item
 )
 
 
-@numba.njit(_SIGNATURE, cache=True, nogil=True)
+@eager(_SIGNATURE)
 def _serve(
     ready: FloatArray,
     max_batch: int,
-    replicas: int,
-    table: FloatArray,
+    table: FloatArray,  # one stage's, as batch_service() takes them
     cols: IntArray,
     scales: FloatArray,
     hop: float,
     idle: FloatArray,
+    free: FloatArray,
     done: FloatArray,
 ) -> tuple[int, float]:
     n = ready.shape[0]
-    free = np.full(replicas, -np.inf)  # min-heap of replica free times
     i = 0
     avail = 0  # items [i, avail) are known to be ready by the current start
     batches = 0
@@ -128,34 +121,16 @@ def _serve(
             k = 1
         else:
             start = first_free  # the replica frees with a queue: it takes what is there
-            avail = max(avail, i + 1)
-            limit = min(i + max_batch, n)
-            while avail < limit and ready[avail] <= start:
-                avail += 1
-            k = avail - i
-        col = cols[batches] if cols.shape[0] else 0
-        service = table[k, col]
-        if scales.shape[0]:
-            service = service * scales[batches]
+            k = _batch_size(ready, i, avail, max_batch, start)
+            avail = i + k
         # The worker waited from its last model time (half a hop before the replica
         # freed) to this one's (half a hop after the dispatch).
-        service = service + hop + idle_penalty(idle, start - first_free + hop)
+        service = batch_service(table, cols, scales, 0, batches, k)
+        service = service + hop + idle_penalty(idle, 0, start - first_free + hop)
         end = start + service
         busy += service
         done[i : i + k] = end
-        # Replace the heap root (the replica just used) with its new free time.
-        pos = 0
-        while True:
-            child = 2 * pos + 1
-            if child >= replicas:
-                break
-            if child + 1 < replicas and free[child + 1] < free[child]:
-                child += 1
-            if free[child] >= end:
-                break
-            free[pos] = free[child]
-            pos = child
-        free[pos] = end
+        _replace_first(free, end)
         i += k
         batches += 1
     return batches, busy
@@ -171,12 +146,12 @@ def serve(ready_s: FloatArray, max_batch: int, replicas: int, service: ServiceDr
     batches, busy = _serve(
         np.ascontiguousarray(ready_s, dtype=np.float64),
         max_batch,
-        replicas,
-        np.ascontiguousarray(service.table_s, dtype=np.float64),
-        np.ascontiguousarray(service.cols, dtype=np.int64),
-        np.ascontiguousarray(service.scales, dtype=np.float64),
+        np.ascontiguousarray(service.table_s, dtype=np.float64)[None],
+        np.ascontiguousarray(service.cols, dtype=np.int64)[None],
+        np.ascontiguousarray(service.scales, dtype=np.float64)[None],
         float(service.hop_s),
-        np.ascontiguousarray(service.idle_s, dtype=np.float64),
+        np.ascontiguousarray(service.idle_s, dtype=np.float64)[None],
+        np.full(replicas, -np.inf),
         done,
     )
     return StageRun(done, int(batches), float(busy))

@@ -1,0 +1,321 @@
+"""The whole pipeline as one simulation: stages sharing the router and the machine's cores.
+
+The stage-by-stage estimator (:mod:`sloline.planner.sim.stage`) is exact while stages only
+meet through their items' ready times. Serving couples them in two more ways
+(:mod:`sloline.planner.overhead`), and this module simulates both, event by event, over
+the whole pipeline at once (InferLine §4.2's discrete-event simulation, extended):
+
+- **the router is one FIFO server.** Every request costs it CPU on arrival and on its
+  answer, every batch when it is dispatched and when its result comes back (half of the
+  per-batch and per-item cost each time). Jobs wait for the router in the order they
+  arrive, as callbacks wait for one event loop. A job that finds the router idle (not one
+  that a finished job queued: that one runs in its wake) also pays the router's idle
+  penalty for the time it sat idle.
+- **replicas follow the router's rules** (:mod:`sloline.planner.sim.rule`): a FIFO queue
+  per stage; an idle replica (the longest idle first) takes ``min(queue, max_batch)``
+  items the moment work is pushed or it frees; it is busy from that dispatch until the
+  router has taken back its result. In between: the dispatch job, half the hop, the
+  worker's CPU (model time of the batch from the profile, plus the idle penalty for the
+  time the worker sat idle, plus its per-batch CPU), the other half of the hop, the
+  result job.
+- **cores are shared by weighted processor sharing.** With ``cores`` set, the router (one
+  core while it has work), every worker serving a batch (its profile's cores) and an
+  optional co-located client (one core while it has work) share that many cores, as
+  Linux's fair scheduler shares them with autogroups: the client is a session of its
+  own, and it and the pipeline's session get equal parts, either taking what the other
+  leaves; within the pipeline's part each thread gets cores in proportion to its weight,
+  the router 1 and a worker ``worker_weight`` (its lower priority; 1: equal), none more
+  than a full core. With equal weights and no client, each progresses at cores / demand
+  of its full speed.
+- **requests travel** the measured request-path time outside the router, half before and
+  half after; a co-located single-threaded client (the benchmark's load generator) is a
+  FIFO server too, spending half its CPU per request sending and half receiving.
+
+Ties are broken in a fixed order (arrivals, then timed events, then the router, the
+client, the replicas), so the simulation is deterministic. Events are handled one at a
+time with O(replicas) work each, compiled with numba like the stage kernel
+(:mod:`sloline.planner.sim.state` holds the state and its handlers): one hour of a 3-stage
+pipeline at 100 rps takes a few hundred milliseconds (docs/planner.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numba
+import numpy as np
+import numpy.typing as npt
+
+from sloline.planner.sim.queues import heap_pop
+from sloline.planner.sim.rule import eager, inlined
+from sloline.planner.sim.state import (
+    HOP_BACK,
+    HOP_OUT,
+    REACH_ROUTER,
+    RECV,
+    SEND,
+    SERVING,
+    PipelineInputs,
+    State,
+    charge_wake,
+    client_done,
+    client_push,
+    hop_over,
+    request_in,
+    router_done,
+    worker_done,
+)
+
+__all__ = ["PipelineInputs", "PipelineRun", "simulate_pipeline"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+# What happens next, in the order ties go.
+_ARRIVAL, _TIMED, _ROUTER_DONE, _CLIENT_DONE, _HOP_OVER, _WORKER_DONE = range(6)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PipelineRun:
+    """Per query: when its answer reaches the client. Per stage: items served, batches and
+    replica busy time (dispatch to result taken back); the router's busy time and the CPU
+    it spent."""
+
+    answered_s: FloatArray
+    visits: IntArray
+    batches: IntArray
+    busy_s: FloatArray
+    router_busy_s: float
+    router_cpu_s: float
+
+
+@inlined
+def _replica_events(
+    inputs: PipelineInputs, st: State, n: int
+) -> tuple[float, float, int, int, float, int, int]:
+    """The cores the serving workers demand; the next half hop to end (time, replica, tie
+    key) and the next worker to end (virtual time, replica, tie key). Replicas whose
+    events tie go by stage, then by their batch's first query, so that items released at
+    one instant reach the next stages in query order."""
+    rep, queue, cores = st.rep, st.queue, inputs.replica_cores
+    demand = 0.0
+    t_hop, r_hop, k_hop = np.inf, -1, 0
+    v_cpu, r_cpu, k_cpu = np.inf, -1, 0
+    for r in range(rep.shape[0]):
+        replica = rep[r]
+        p = replica.phase
+        if p == SERVING:
+            m = replica.stage
+            demand += cores[m]
+            v = replica.vend
+            if v <= v_cpu:
+                k = m * n + queue[m, replica.lo]
+                if v < v_cpu or k < k_cpu:
+                    v_cpu, r_cpu, k_cpu = v, r, k
+        elif p in (HOP_OUT, HOP_BACK):
+            t = replica.t_end
+            if t <= t_hop:
+                m = replica.stage
+                k = m * n + queue[m, replica.lo]
+                if t < t_hop or k < k_hop:
+                    t_hop, r_hop, k_hop = t, r, k
+    return demand, t_hop, r_hop, k_hop, v_cpu, r_cpu, k_cpu
+
+
+@inlined
+def _rates(inputs: PipelineInputs, st: State, demand: float) -> tuple[float, float, float]:
+    """Weighted processor sharing: how fast the router, the client and the workers
+    progress. The client (another session) and the pipeline split the cores equally,
+    each taking what the other leaves; the pipeline's part goes to the router (weight 1)
+    and the worker threads (``worker_weight``), none above a full core."""
+    router = 1.0 if st.rq[0].size > 0 else 0.0
+    client = 1.0 if st.cq[0].size > 0 else 0.0
+    cores = inputs.cores
+    rate, crate, wrate = 1.0, 1.0, 1.0
+    if cores > 0.0 and router + client + demand > cores:
+        own = cores
+        if client > 0.0:
+            crate = min(1.0, max(0.5 * cores, cores - router - demand))
+            own = cores - crate
+        if router + demand > own:
+            share = own / (router + inputs.worker_weight * demand)  # per unit of weight
+            if share >= 1.0:  # the router at full speed, the workers share the rest
+                wrate = (own - router) / demand
+            else:
+                rate, wrate = share, share * inputs.worker_weight
+    return rate, crate, wrate
+
+
+@inlined
+def _next_event(
+    st: State,
+    now: float,
+    next_arrival: float,
+    rates: tuple[float, float, float],
+    replica_events: tuple[float, float, int, int, float, int, int],
+) -> tuple[float, int, int]:
+    """When the next event happens, what it is and (for a replica's) which replica; -1
+    when nothing is left. Each job keeps its end in its side's virtual time."""
+    rate, crate, wrate = rates
+    _, t_hop, r_hop, k_hop, v_cpu, r_cpu, k_cpu = replica_events
+    s = st.sim[0]
+    best, what, who = next_arrival, _ARRIVAL if next_arrival < np.inf else -1, -1
+    heap = st.heap[0]
+    if heap.size > 0 and st.events[0].t < best:
+        best, what = st.events[0].t, _TIMED
+    rq, cq = st.rq[0], st.cq[0]
+    if rq.size > 0:
+        t = now + max(0.0, rq.vend - s.vnow) / rate
+        if t < best:
+            best, what = t, _ROUTER_DONE
+    if cq.size > 0:
+        t = now + max(0.0, cq.vend - s.cnow) / crate
+        if t < best:
+            best, what = t, _CLIENT_DONE
+    if r_cpu >= 0:
+        t = now + max(0.0, v_cpu - s.wnow) / wrate
+        if t < t_hop or (t == t_hop and k_cpu < k_hop):
+            t_hop, r_hop = t, r_cpu
+    if r_hop >= 0 and t_hop < best:
+        best, who = t_hop, r_hop
+        what = _WORKER_DONE if st.rep[r_hop].phase == SERVING else _HOP_OVER
+    return best, what, who
+
+
+@inlined
+def _advance(st: State, now: float, best: float, rates: tuple[float, float, float]) -> float:
+    """Move the clocks from ``now`` to ``best``; returns the new time."""
+    s = st.sim[0]
+    s.in_wake = 0
+    if best > now:
+        s.vnow = s.vnow + (best - now) * rates[0]
+        s.cnow = s.cnow + (best - now) * rates[1]
+        s.wnow = s.wnow + (best - now) * rates[2]
+        if st.rq[0].size > 0:
+            s.busy += best - now
+        return best
+    return now
+
+
+@inlined
+def _arrive(st: State, q: int) -> None:
+    """Query q leaves the client, or (no client) reaches the router."""
+    if st.sim[0].client_cpu > 0.0:
+        client_push(st, SEND, q)
+    else:
+        request_in(st, q)
+
+
+@inlined
+def _timed(st: State) -> None:
+    """A request reaches the router, or an answer the client."""
+    kind, q = heap_pop(st.events, st.heap)
+    if kind == REACH_ROUTER:
+        request_in(st, q)
+    else:
+        client_push(st, RECV, q)
+
+
+def _frozen(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """An array as the compiled loop takes it: C-contiguous, read-only."""
+    view = np.ascontiguousarray(array).view()
+    view.setflags(write=False)
+    return view
+
+
+def _prepared(inputs: PipelineInputs) -> PipelineInputs:
+    """The inputs with the types of the loop's one signature: read-only arrays, ``visits``
+    flat (:func:`~sloline.planner.sim.rule.release`'s ``visits[q * M + c]``), plain
+    numbers."""
+    fields: dict[str, Any] = {
+        k: _frozen(v) for k, v in inputs._asdict().items() if isinstance(v, np.ndarray)
+    }
+    fields["visits"] = fields["visits"].reshape(-1)
+    fields["output"] = int(inputs.output)
+    for k in ("worker_cpu_s", "client_cpu_s", "cores", "worker_weight"):
+        fields[k] = float(getattr(inputs, k))
+    return inputs._replace(**fields)
+
+
+def _signature() -> Any:
+    """The loop's one signature (the types :func:`simulate_pipeline` passes), so that it
+    compiles, or loads from numba's cache, when this module is imported."""
+    ints, floats = np.zeros(1, dtype=np.int64), np.zeros(1)
+    inputs = _prepared(
+        PipelineInputs(
+            floats, np.ones((1, 1), dtype=np.bool_), np.zeros(2, dtype=np.int64), ints, ints,
+            0, ints + 1, ints + 1, floats, np.zeros((1, 2, 1)), np.zeros((1, 1), np.int64),
+            np.ones((1, 1)), np.zeros((1, 1)), np.zeros((1, 2, 1)), floats, np.zeros(3),
+            np.zeros((1, 2, 1)), 0.0, 0.0, 0.0,
+        )
+    )  # fmt: skip
+    typeof = cast(Callable[[object], Any], numba.typeof)
+    args = (inputs, _frozen(floats), _frozen(ints), State.start(inputs), floats)
+    return numba.void(*(typeof(a) for a in args))
+
+
+@eager(_signature())
+def _run(
+    inputs: PipelineInputs,
+    enter_t: FloatArray,
+    enter_q: IntArray,
+    st: State,
+    answered: FloatArray,
+) -> None:
+    """The event loop: queries enter at ``enter_t`` (sorted), in the order ``enter_q``."""
+    n = enter_t.shape[0]
+    next_q = 0
+    now = enter_t[0] if n else 0.0
+    while True:
+        replica_events = _replica_events(inputs, st, n)
+        rates = _rates(inputs, st, replica_events[0])
+        next_arrival = enter_t[next_q] if next_q < n else np.inf
+        best, what, who = _next_event(st, now, next_arrival, rates, replica_events)
+        if what < 0:
+            break
+        now = _advance(st, now, best, rates)
+        if what == _ARRIVAL:
+            _arrive(st, enter_q[next_q])
+            next_q += 1
+        elif what == _TIMED:
+            _timed(st)
+        elif what == _CLIENT_DONE:
+            client_done(inputs, st, now, answered)
+        elif what == _HOP_OVER:
+            hop_over(inputs, st, who, now)
+        elif what == _WORKER_DONE:
+            worker_done(inputs, st, who, now)
+        else:
+            router_done(inputs, st, now, answered)
+        charge_wake(st.sim, st.rjobs, st.rq, inputs.router_idle, now)
+
+
+def simulate_pipeline(inputs: PipelineInputs) -> PipelineRun:
+    """Run the routed pipeline simulation (see the module doc)."""
+    inputs = _prepared(inputs)
+    arrivals = inputs.arrivals_s
+    n = arrivals.shape[0]
+    answered = np.full(n, np.nan)
+    if inputs.client_cpu_s > 0.0:
+        enter_q = np.arange(n, dtype=np.int64)
+        enter_t = np.ascontiguousarray(arrivals)
+    else:
+        # Without a client to queue at, a request reaches the router half its request
+        # path after it is sent: known in advance, so they enter in that order.
+        reach = arrivals + 0.5 * inputs.requests
+        enter_q = np.argsort(reach, kind="stable").astype(np.int64)
+        enter_t = np.ascontiguousarray(reach[enter_q])
+    state = State.start(inputs)
+    _run(inputs, _frozen(enter_t), _frozen(enter_q), state, answered)
+    stg, sim = state.stg, state.sim[0]
+    return PipelineRun(
+        answered,
+        stg["visited"].copy(),
+        stg["batches"].copy(),
+        stg["busy"].copy(),
+        float(sim["busy"]),
+        float(sim["cpu"]),
+    )

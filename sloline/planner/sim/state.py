@@ -1,0 +1,367 @@
+"""The routed pipeline simulation's state and what changes it: stage queues, replicas, the
+router and a co-located client (:mod:`sloline.planner.sim.pipeline` runs the event loop).
+
+The state (:class:`State`) is a tuple of arrays, most of them structured, which the
+compiled handlers change in place by field name:
+
+- ``sim`` (one record, :data:`SIM`): the virtual clocks, the router's state, the costs;
+- ``stg`` (a record per stage, :data:`STAGE`), with ``queue[m]`` its FIFO queue of
+  queries and ``idle`` per stage a ring of idle replicas (longest idle first);
+- ``rep`` (a record per replica, :data:`REPLICA`);
+- ``rjobs`` / ``rq``, ``cjobs`` / ``cq``: the router's and the client's FIFO jobs;
+- ``events`` / ``heap``: timed events (requests and answers travelling).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from sloline.planner.sim.queues import EVENT, HEAP, JOB, QUEUE, fifo_pop, fifo_push, heap_push
+from sloline.planner.sim.rule import batch_service, idle_penalty, inlined, release
+
+__all__ = ["PipelineInputs", "State"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+Records = npt.NDArray[np.void]
+
+# Router and client job kinds.
+REQ_IN, DISPATCH, RESULT, REQ_OUT = 0, 1, 2, 3
+SEND, RECV = 0, 1
+# Timed events.
+REACH_ROUTER, REACH_CLIENT = 0, 1
+# Replica phases.
+IDLE, WAIT_DISPATCH, HOP_OUT, SERVING, HOP_BACK, WAIT_RESULT = 0, 1, 2, 3, 4, 5
+
+_I, _F = np.int64, np.float64
+SIM = np.dtype(
+    [
+        # Virtual clocks (CPU seconds at full speed) of the router, the client, the workers.
+        ("vnow", _F), ("cnow", _F), ("wnow", _F),
+        # The router: idle since, CPU spent, busy time; a job just found it idle (woken);
+        # a finished job is queueing the jobs it causes (they run in its wake).
+        ("idle_since", _F), ("cpu", _F), ("busy", _F), ("woken", _I), ("in_wake", _I),
+        # Router CPU per request, per batch, per item; worker CPU per batch; client CPU
+        # per request (0: none).
+        ("req_cpu", _F), ("batch_cpu", _F), ("item_cpu", _F), ("worker_cpu", _F),
+        ("client_cpu", _F),
+    ]
+)  # fmt: skip
+STAGE = np.dtype(
+    [
+        ("q_head", _I), ("q_tail", _I), ("batches", _I), ("visited", _I), ("busy", _F),
+        ("idle_head", _I), ("idle_count", _I), ("first", _I), ("replicas", _I),
+        ("max_batch", _I),
+    ]
+)  # fmt: skip
+# A replica's batch: queue position, size and index at its stage; the dispatch; the end of
+# its half hop; its worker's end (the workers' virtual time); its last model time's end.
+REPLICA = np.dtype(
+    [
+        ("stage", _I), ("phase", _I), ("lo", _I), ("size", _I), ("batch", _I),
+        ("t_dispatch", _F), ("t_end", _F), ("vend", _F), ("last_end", _F),
+    ]
+)  # fmt: skip
+
+
+class PipelineInputs(NamedTuple):
+    """Everything the routed pipeline simulation reads, as flat arrays (stages in topology
+    order).
+
+    - ``child_ptr`` / ``child_idx``: the stages waiting on stage m are
+      ``child_idx[child_ptr[m]:child_ptr[m + 1]]``; ``n_deps[m]``: how many stage m waits on;
+    - ``tables[m, k, j]``: model time of a batch of k (column j); the b-th batch of stage m
+      uses column ``cols[m, b]`` times ``scales[m, b]``;
+    - ``hops[m, b]``: the b-th batch's hop (round trip outside router CPU, model and the
+      worker's own CPU), half on the way out and half back;
+    - ``idle[m]``: stage m's idle penalty (``[2, K]``: gaps from 0, extra times from 0);
+    - ``requests[q]``: query q's request path outside the router (and the client's CPU);
+    - ``router_cpu_s``: per request, per batch, per item; ``router_idle``: the router's
+      idle penalty (``[1, 2, K]``); ``worker_cpu_s`` per batch;
+    - ``client_cpu_s``: CPU per request of a co-located client (0: none);
+    - ``cores``: cores shared by all of them (0: not shared); ``worker_weight``: a worker
+      thread's scheduling weight, the router's being 1.
+    """
+
+    arrivals_s: FloatArray
+    visits: BoolArray
+    child_ptr: IntArray
+    child_idx: IntArray
+    n_deps: IntArray
+    output: int
+    max_batch: IntArray
+    replicas: IntArray
+    replica_cores: FloatArray
+    tables: FloatArray
+    cols: IntArray
+    scales: FloatArray
+    hops: FloatArray
+    idle: FloatArray
+    requests: FloatArray
+    router_cpu_s: FloatArray
+    router_idle: FloatArray
+    worker_cpu_s: float
+    client_cpu_s: float
+    cores: float
+    worker_weight: float = 1.0
+
+
+class State(NamedTuple):
+    """The simulation's arrays (see the module doc); ``pending``, ``stack`` and ``ready``
+    are :func:`~sloline.planner.sim.rule.release`'s."""
+
+    sim: Records
+    stg: Records
+    queue: IntArray
+    idle: IntArray
+    rep: Records
+    rjobs: Records
+    rq: Records
+    cjobs: Records
+    cq: Records
+    events: Records
+    heap: Records
+    pending: npt.NDArray[np.int32]
+    stack: IntArray
+    ready: IntArray
+
+    @classmethod
+    def start(cls, inputs: PipelineInputs) -> State:
+        """Every replica idle, no job queued, no query arrived."""
+        n, n_stages = inputs.arrivals_s.shape[0], inputs.n_deps.shape[0]
+        n_rep = int(inputs.replicas.sum())
+        sim = np.zeros(1, dtype=SIM)
+        sim["idle_since"] = -np.inf
+        sim["req_cpu"], sim["batch_cpu"], sim["item_cpu"] = inputs.router_cpu_s
+        sim["worker_cpu"], sim["client_cpu"] = inputs.worker_cpu_s, inputs.client_cpu_s
+        stg = np.zeros(n_stages, dtype=STAGE)
+        stg["first"][1:] = np.cumsum(inputs.replicas)[:-1]
+        stg["replicas"] = stg["idle_count"] = inputs.replicas
+        stg["max_batch"] = inputs.max_batch
+        rep = np.zeros(n_rep, dtype=REPLICA)
+        rep["stage"] = np.repeat(np.arange(n_stages), inputs.replicas)
+        rep["last_end"] = -np.inf
+        return cls(
+            sim,
+            stg,
+            np.empty((n_stages, n), dtype=np.int64),
+            np.arange(n_rep, dtype=np.int64),
+            rep,
+            np.zeros(n + n_rep + 1, dtype=JOB),  # a request or a replica: one job at most
+            np.zeros(1, dtype=QUEUE),
+            np.zeros(n + 1, dtype=JOB),
+            np.zeros(1, dtype=QUEUE),
+            np.zeros(n + 1, dtype=EVENT),
+            np.zeros(1, dtype=HEAP),
+            np.repeat(inputs.n_deps.astype(np.int32)[None, :], n, axis=0).ravel(),
+            np.zeros(n_stages, dtype=np.int64),
+            np.zeros(n_stages + 1, dtype=np.int64),
+        )
+
+
+@inlined
+def router_push(
+    sim: Records, rjobs: Records, rq: Records, kind: int, ref: int, cost: float
+) -> None:
+    """Queue a job on the router. A job that finds it idle, other than one a finished job
+    queued, wakes its event loop (:func:`charge_wake` adds the router's idle penalty)."""
+    s = sim[0]
+    if rq[0].size == 0 and s.in_wake == 0:
+        s.woken = 1
+    s.cpu += cost
+    fifo_push(rjobs, rq, s.vnow, kind, ref, cost)
+
+
+@inlined
+def charge_wake(
+    sim: Records, rjobs: Records, rq: Records, router_idle: FloatArray, now: float
+) -> None:
+    """The job that woke the router pays for the time it sat idle."""
+    s = sim[0]
+    if s.woken:
+        s.woken = 0
+        extra = idle_penalty(router_idle, 0, now - s.idle_since)
+        q = rq[0]
+        rjobs[q.head].cost += extra
+        q.vend += extra
+        s.cpu += extra
+
+
+@inlined
+def _sort_batch(queue: IntArray, m: int, lo: int, k: int) -> None:
+    """Put a batch's items in query order (insertion sort: a few items, mostly in order)."""
+    for i in range(lo + 1, lo + k):
+        q = queue[m, i]
+        j = i - 1
+        while j >= lo and queue[m, j] > q:
+            queue[m, j + 1] = queue[m, j]
+            j -= 1
+        queue[m, j + 1] = q
+
+
+@inlined
+def _take_idle(stg: Records, idle: IntArray, m: int) -> int:
+    """Stage m's longest idle replica, now no longer idle."""
+    st = stg[m]
+    r = idle[st.first + st.idle_head]
+    st.idle_head = (st.idle_head + 1) % st.replicas
+    st.idle_count -= 1
+    return int(r)
+
+
+@inlined
+def make_idle(stg: Records, idle: IntArray, m: int, r: int) -> None:
+    """Replica r of stage m is idle (last in its ring)."""
+    st = stg[m]
+    idle[st.first + (st.idle_head + st.idle_count) % st.replicas] = r
+    st.idle_count += 1
+
+
+@inlined
+def dispatch(st: State, m: int, now: float) -> None:
+    """While stage m has an idle replica and queued items: the longest-idle replica takes
+    ``min(queue, max_batch)`` of them and the router gets the dispatch job. The batch's
+    items are kept in query order, the order they go on to the next stages in when the
+    batch is done (the estimator's rule for items ready at the same instant)."""
+    sim, stg, rep = st.sim, st.stg, st.rep
+    stage = stg[m]
+    while stage.idle_count > 0 and stage.q_tail > stage.q_head:
+        lo = stage.q_head
+        k = min(stage.q_tail - lo, stage.max_batch)
+        _sort_batch(st.queue, m, lo, k)
+        r = _take_idle(stg, st.idle, m)
+        replica = rep[r]
+        replica.lo, replica.size, replica.batch = lo, k, stage.batches
+        replica.phase = WAIT_DISPATCH
+        replica.t_dispatch = now
+        stage.batches += 1
+        stage.q_head += k
+        cost = 0.5 * (sim[0].batch_cpu + sim[0].item_cpu * k)
+        router_push(sim, st.rjobs, st.rq, DISPATCH, r, cost)
+
+
+@inlined
+def done_at(inputs: PipelineInputs, st: State, q: int, m: int, now: float) -> None:
+    """Stage m is done for query q (m = -1: q reached the router): q is queued at the
+    stages that are now ready for it (each dispatching at once if it has an idle
+    replica), and its answer on the router once the output stage is done."""
+    count = release(
+        q,
+        m,
+        st.pending,
+        inputs.visits,
+        inputs.child_ptr,
+        inputs.child_idx,
+        inputs.n_deps,
+        inputs.output,
+        st.stack,
+        st.ready,
+    )
+    stg = st.stg
+    for i in range(count):
+        c = st.ready[i]
+        if c < 0:
+            router_push(st.sim, st.rjobs, st.rq, REQ_OUT, q, 0.5 * st.sim[0].req_cpu)
+            continue
+        stage = stg[c]
+        st.queue[c, stage.q_tail] = q
+        stage.q_tail += 1
+        stage.visited += 1
+        dispatch(st, c, now)
+
+
+@inlined
+def hop_over(inputs: PipelineInputs, st: State, r: int, now: float) -> None:
+    """Half of replica r's hop is over: on the way out its worker starts (model time, idle
+    penalty, its own CPU); on the way back the router gets the result job."""
+    replica = st.rep[r]
+    m = replica.stage
+    s = st.sim[0]
+    if replica.phase == HOP_OUT:
+        extra = idle_penalty(inputs.idle, m, now - replica.last_end)
+        service = batch_service(
+            inputs.tables, inputs.cols, inputs.scales, m, replica.batch, replica.size
+        )
+        replica.vend = s.wnow + service + extra + s.worker_cpu
+        replica.phase = SERVING
+    else:
+        replica.phase = WAIT_RESULT
+        cost = 0.5 * (s.batch_cpu + s.item_cpu * replica.size)
+        router_push(st.sim, st.rjobs, st.rq, RESULT, r, cost)
+
+
+@inlined
+def worker_done(inputs: PipelineInputs, st: State, r: int, now: float) -> None:
+    """Replica r's worker finished its batch: the result goes back (half a hop)."""
+    replica = st.rep[r]
+    replica.last_end = now
+    replica.phase = HOP_BACK
+    replica.t_end = now + 0.5 * inputs.hops[replica.stage, replica.batch]
+
+
+@inlined
+def _result_taken(inputs: PipelineInputs, st: State, r: int, now: float) -> None:
+    """The router took replica r's result: the replica is free (and takes queued work),
+    its batch's items are done at its stage."""
+    replica = st.rep[r]
+    m = replica.stage
+    st.stg[m].busy += now - replica.t_dispatch
+    replica.phase = IDLE
+    make_idle(st.stg, st.idle, m, r)
+    first, count = replica.lo, replica.size
+    dispatch(st, m, now)
+    for i in range(first, first + count):
+        done_at(inputs, st, st.queue[m, i], m, now)
+
+
+@inlined
+def router_done(inputs: PipelineInputs, st: State, now: float, answered: FloatArray) -> None:
+    """The router finished its head job; what that job queues on the router runs in its
+    wake."""
+    s = st.sim[0]
+    kind, ref = fifo_pop(st.rjobs, st.rq, s.vnow)
+    s.in_wake = 1
+    if kind == DISPATCH:
+        replica = st.rep[ref]
+        replica.phase = HOP_OUT
+        replica.t_end = now + 0.5 * inputs.hops[replica.stage, replica.batch]
+    elif kind == REQ_OUT:
+        at = now + 0.5 * inputs.requests[ref]
+        if s.client_cpu > 0.0:
+            heap_push(st.events, st.heap, at, REACH_CLIENT, ref)
+        else:
+            answered[ref] = at
+    elif kind == REQ_IN:
+        done_at(inputs, st, ref, -1, now)
+    else:
+        _result_taken(inputs, st, ref, now)
+    if st.rq[0].size == 0:
+        s.idle_since = now
+
+
+@inlined
+def request_in(st: State, q: int) -> None:
+    """Query q reaches the router."""
+    router_push(st.sim, st.rjobs, st.rq, REQ_IN, q, 0.5 * st.sim[0].req_cpu)
+
+
+@inlined
+def client_push(st: State, kind: int, q: int) -> None:
+    """Queue a send or a receive on the co-located client."""
+    s = st.sim[0]
+    fifo_push(st.cjobs, st.cq, s.cnow, kind, q, 0.5 * s.client_cpu)
+
+
+@inlined
+def client_done(inputs: PipelineInputs, st: State, now: float, answered: FloatArray) -> None:
+    """The client finished sending a request (it travels to the router) or receiving an
+    answer."""
+    kind, q = fifo_pop(st.cjobs, st.cq, st.sim[0].cnow)
+    if kind == SEND:
+        heap_push(st.events, st.heap, now + 0.5 * inputs.requests[q], REACH_ROUTER, q)
+    else:
+        answered[q] = now
