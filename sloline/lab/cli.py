@@ -4,11 +4,17 @@ through the entry point ``simulate`` of the group ``sloline.commands`` (pyprojec
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sloline.cli.flags import add_planning_flags, flag_error
 from sloline.cli.planning import plan_session
 from sloline.spec import load_pipeline
+
+if TYPE_CHECKING:
+    from sloline.lab.traces import Trace
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -18,7 +24,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--trace",
         action="append",
         metavar="ramp|burst|spike|autoscale|all|FILE",
-        help="trace family or a file of arrival times (repeatable; default all)",
+        help="trace family (planned for the pipeline's workload) or a trace file: one "
+        "arrival time in seconds per line, as spec.workload.traceUri; its first 25%% of "
+        "time is the planning sample the plan is made for, the rest is served live "
+        "(repeatable; default all)",
     )
     p.add_argument("--policies", default="", help="comma-separated (default: all)")
     p.add_argument("--scale", type=float, default=1.0, help="shrink trace durations (0.1)")
@@ -27,31 +36,54 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_simulate)
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    import numpy as np
+def read_trace_file(name: str) -> Trace:
+    """A recorded trace from a trace file (``--trace FILE``), split into its planning
+    sample and live part (:meth:`Trace.from_timestamps`); its arrival times follow the
+    planning trace's rules (:func:`sloline.common.trace.arrival_problem`)."""
+    from sloline.common.trace import arrival_problem
+    from sloline.lab.traces import Trace
+    from sloline.planner.workload import parse_arrival_times
 
+    try:
+        times = parse_arrival_times(Path(name).read_text())
+    except (OSError, ValueError) as exc:
+        raise flag_error(
+            "--trace", f"{name!r} is neither a trace family nor a readable trace file ({exc})"
+        ) from None
+    problem = arrival_problem(times)
+    if problem:
+        raise flag_error("--trace", f"{name}: {problem}")
+    try:
+        trace = Trace.from_timestamps(Path(name).stem, times)
+    except ValueError as exc:
+        raise flag_error("--trace", f"{name}: {exc}") from None
+    problem = arrival_problem(trace.planning_s)
+    if problem:
+        raise flag_error("--trace", f"{name}: its planning sample: {problem}")
+    return trace
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from sloline.lab.report import SimulationReport
     from sloline.lab.simulate import POLICIES, simulate
-    from sloline.lab.traces import Trace, standard_traces
+    from sloline.lab.traces import standard_traces
+    from sloline.planner.planner import plan
 
     session = plan_session(args, load_pipeline(args.file))
     families = {t.name: t for t in standard_traces(session.plan.rate_rps, scale=args.scale)}
-    traces: list[Trace] = []
-    for name in args.trace or ["all"]:
-        if name == "all":
-            traces.extend(families.values())
-        elif name in families:
-            traces.append(families[name])
-        else:
-            try:
-                traces.append(Trace.from_timestamps(Path(name).stem, np.loadtxt(name, ndmin=1)))
-            except (OSError, ValueError) as exc:
-                raise flag_error(
-                    "--trace",
-                    f"{name!r} is neither {sorted(families)} nor a readable "
-                    f"file of arrival times ({exc})",
-                ) from None
+    names = args.trace or ["all"]
+    wanted = [t for t in families.values() if "all" in names or t.name in names]
+    files = [read_trace_file(name) for name in names if name != "all" and name not in families]
     policies = args.policies.split(",") if args.policies else list(POLICIES)
-    report = simulate(session.problem, traces, plan=session.plan, policies=policies)
+    reports: list[SimulationReport] = []
+    if wanted:
+        reports.append(simulate(session.problem, wanted, plan=session.plan, policies=policies))
+    for trace in files:  # planned for its own planning sample, not the pipeline's workload
+        start = plan(dataclasses.replace(session.problem, arrivals_s=trace.planning_s))
+        print(f"trace {trace.name}: {trace.description}")
+        print(start.to_table())
+        reports.append(simulate(session.problem, [trace], plan=start, policies=policies))
+    report = functools.reduce(SimulationReport.joined, reports)
     print(report.to_markdown())
     if args.out_dir:
         out = Path(args.out_dir)

@@ -58,7 +58,10 @@ def recovery_times(
 ) -> tuple[float, ...]:
     """Seconds from each load change until the rolling tail is back within the SLO for
     the rest of the segment (up to the next change): the end of the segment's last
-    violating tick minus the change; 0 if none; inf if it still violates at the end."""
+    violating tick minus the change; 0 if none; inf if it still violates at the end.
+    A trace without load changes (a recorded one) has no times to recover."""
+    if not changes_s:
+        return ()
     tick = float(ticks_s[1] - ticks_s[0]) if ticks_s.size > 1 else 1.0
     ends = (*changes_s[1:], float(ticks_s[-1]) + tick)
     out: list[float] = []
@@ -123,6 +126,23 @@ class SimulationReport:
             if r.trace == trace and r.policy == policy:
                 return r
         return None
+
+    def joined(self, other: SimulationReport) -> SimulationReport:
+        """This report's traces and results followed by ``other``'s (same pipeline)."""
+        if (other.pipeline, other.slo_s, other.percentile) != (
+            self.pipeline,
+            self.slo_s,
+            self.percentile,
+        ):
+            raise ValueError(f"cannot join reports of {self.pipeline!r} and {other.pipeline!r}")
+        return SimulationReport(
+            self.pipeline,
+            self.slo_s,
+            self.percentile,
+            self.traces + other.traces,
+            self.results + other.results,
+            self.skipped + other.skipped,
+        )
 
     def to_markdown(self) -> str:
         """One row per (trace, policy); cost also relative to the oracle planner's."""

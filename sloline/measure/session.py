@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sloline.common.trace import trace_from_timestamps
+from sloline.common.trace import arrival_problem, trace_from_timestamps
 from sloline.measure.profiler import ProfilerSettings, profile_pipeline
 from sloline.planner.estimator import Estimate
 from sloline.planner.evaluator import Evaluator
@@ -22,7 +22,7 @@ from sloline.planner.plan import Plan
 from sloline.planner.planner import plan
 from sloline.planner.problem import PlanningProblem
 from sloline.planner.profile import PipelineProfile
-from sloline.planner.workload import trace_for_workload
+from sloline.planner.workload import parse_arrival_times, trace_for_workload
 from sloline.spec import HardwareCatalog, Issue, LoadedPipeline, PipelineError
 
 
@@ -43,11 +43,17 @@ def planning_trace(loaded: LoadedPipeline) -> np.ndarray:
     if workload.trace_uri:
         path = loaded.resolve(workload.trace_uri, "spec.workload.traceUri")
         try:
-            return trace_from_timestamps(np.loadtxt(path, dtype=np.float64, ndmin=1))
+            times = parse_arrival_times(path.read_text())
         except (OSError, ValueError) as exc:
             raise PipelineError(
                 [Issue("spec.workload.traceUri", f"cannot read {path}: {exc}")], loaded.name
             ) from None
+        problem = arrival_problem(times)
+        if problem:
+            raise PipelineError(
+                [Issue("spec.workload.traceUri", f"{path}: {problem}")], loaded.name
+            )
+        return trace_from_timestamps(times)
     return trace_for_workload(workload)
 
 

@@ -14,6 +14,8 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from sloline.common.trace import MAX_PLANNING_ARRIVALS, MAX_RATE_RPS
+
 API_VERSION: Final = "sloline.dev/v1alpha1"
 KIND: Final = "PredictionPipeline"
 
@@ -37,6 +39,10 @@ NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ENTRYPOINT_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 URI_MAX = 1024  # paths and entrypoints (bounds the CRD's CEL rules on them)
 TENSOR_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:-]*$"
+_TRACE_RULES = (
+    "Arrival times in seconds: finite, >= 0, non-decreasing, at least 2 distinct, at most "
+    f"{MAX_PLANNING_ARRIVALS:,} of them, at a mean rate of at most {MAX_RATE_RPS:,.0f} rps."
+)
 
 
 class SpecModel(BaseModel):
@@ -118,16 +124,26 @@ class SLOSpec(SpecModel):
 
 class WorkloadSpec(SpecModel):
     """The planning workload: a rate with burstiness (gamma inter-arrivals with the given
-    squared coefficient of variation) or an explicit trace of arrival times in seconds."""
+    squared coefficient of variation) or an explicit trace of arrival times in seconds.
 
-    rate_rps: float | None = Field(default=None, gt=0)
+    The planner simulates every arrival of the planning trace for each configuration it
+    tries, so a workload holds at most 2,000,000 arrivals (`rateRps` x `durationS`, or a
+    trace's length) at a mean rate of at most 100,000 rps."""
+
+    rate_rps: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_RATE_RPS,
+        description=f"Mean arrival rate; rateRps x durationS at most {MAX_PLANNING_ARRIVALS:,}.",
+    )
     cv2: float = Field(default=1.0, gt=0, le=100)
     duration_s: float = Field(default=60.0, gt=0, le=86_400)
-    trace: list[float] | None = None
+    trace: list[float] | None = Field(default=None, description=_TRACE_RULES)
     trace_uri: str | None = Field(
         default=None,
         max_length=URI_MAX,
-        description="Arrival times (s), one per line: a path in the model directory.",
+        description="A text file in the model directory with the trace's arrival times, one "
+        "per line (`#` starts a comment); the same rules as `trace`.",
     )
     seed: int = 0
 

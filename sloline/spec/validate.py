@@ -8,9 +8,9 @@ and a reason, all of them at once, so a user fixes a file in one pass.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
+from sloline.common.trace import MAX_PLANNING_ARRIVALS, arrival_problem
 from sloline.spec.condition import Condition, ConditionError, parse_condition
 from sloline.spec.models import PredictionPipeline, StageSpec, TensorSpec
 from sloline.spec.paths import path_issues
@@ -170,9 +170,20 @@ def _check_workload(pipeline: PredictionPipeline) -> list[Issue]:
     given = [workload.rate_rps is not None, workload.trace is not None, bool(workload.trace_uri)]
     if sum(given) != 1:
         return [Issue("spec.workload", "give exactly one of rateRps, trace or traceUri")]
-    trace = workload.trace
-    if trace is not None and any(b < a for a, b in itertools.pairwise(trace)):
-        return [Issue("spec.workload.trace", "arrival times must be non-decreasing")]
+    if workload.trace is not None:
+        problem = arrival_problem(workload.trace)
+        return [Issue("spec.workload.trace", problem)] if problem else []
+    if workload.rate_rps is not None:
+        expected = workload.rate_rps * workload.duration_s
+        if expected > MAX_PLANNING_ARRIVALS:
+            return [
+                Issue(
+                    "spec.workload",
+                    f"rateRps x durationS is {expected:,.0f} arrivals; the planner simulates "
+                    f"at most {MAX_PLANNING_ARRIVALS:,} arrivals per planning trace "
+                    "(lower durationS)",
+                )
+            ]
     return []
 
 

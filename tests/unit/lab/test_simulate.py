@@ -597,6 +597,12 @@ def test_recovery_is_measured_from_each_load_change() -> None:
     assert recovery_times(ticks, tail, (3.0, 10.0, 15.0), slo_s=0.5) == (5.0, 0.0, math.inf)
 
 
+def test_a_trace_without_load_changes_has_no_recovery_times() -> None:
+    ticks = np.arange(1.0, 21.0)
+    tail = np.full(20, 1.0)  # violating throughout, but there is no change to recover from
+    assert recovery_times(ticks, tail, (), slo_s=0.5) == ()
+
+
 def test_rolling_tail_uses_the_queries_that_arrived_in_the_window() -> None:
     arrivals = np.array([0.1, 0.2, 1.5, 2.5])
     latencies = np.array([1.0, 3.0, 2.0, 4.0])

@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import numpy as np
 import pytest
 
+from sloline.common.trace import MAX_PLANNING_ARRIVALS, arrival_problem
 from sloline.spec import PipelineError, parse_pipeline
 
 BASE: dict[str, Any] = {
@@ -138,6 +140,57 @@ def test_workload_needs_exactly_one_source() -> None:
     assert found[0][0] == "spec.workload"
     found = issues_of(doc(spec__workload={"trace": [0.0, 2.0, 1.0]}))
     assert found[0][0] == "spec.workload.trace"
+
+
+# Workloads that the planner cannot plan for: (spec.workload, field path, reason), the
+# reason naming the limit where there is one. The CLI tests and the trace file tests
+# (`traceUri`, `sloline simulate --trace FILE`) reuse them.
+BAD_WORKLOADS: list[tuple[dict[str, Any], str, str]] = [
+    ({"trace": []}, "spec.workload.trace", "at least 2 distinct arrival times (got 0"),
+    ({"trace": [1.5]}, "spec.workload.trace", "at least 2 distinct arrival times (got 1"),
+    ({"trace": [2.0, 2.0, 2.0]}, "spec.workload.trace", "got 3 arrival(s) at 1 distinct"),
+    ({"trace": [0.0, float("nan"), 1.0]}, "spec.workload.trace", "finite numbers of seconds"),
+    ({"trace": [0.0, float("inf")]}, "spec.workload.trace", "finite numbers of seconds"),
+    ({"trace": [-1.0, 0.0, 1.0]}, "spec.workload.trace", ">= 0 seconds (found -1)"),
+    ({"trace": [0.0, 1e-6]}, "spec.workload.trace", "planner simulates at most 100,000 rps"),
+    ({"rateRps": 1e9}, "spec.workload.rateRps", "less than or equal to 100000"),
+    ({"rateRps": 1e6}, "spec.workload.rateRps", "less than or equal to 100000"),
+    ({"rateRps": float("inf")}, "spec.workload.rateRps", "less than or equal to 100000"),
+    (
+        {"rateRps": 1e5, "durationS": 60},
+        "spec.workload",
+        "6,000,000 arrivals; the planner simulates at most 2,000,000",
+    ),
+]
+
+
+@pytest.mark.parametrize(("workload", "path", "reason"), BAD_WORKLOADS)
+def test_workloads_the_planner_cannot_simulate_are_rejected(
+    workload: dict[str, Any], path: str, reason: str
+) -> None:
+    found = issues_of(doc(spec__workload=workload))
+    assert len(found) == 1 and found[0][0] == path and reason in found[0][1], found
+
+
+def test_too_many_trace_arrivals_are_rejected() -> None:
+    """Counted before anything else is checked, so the limit is cheap to enforce."""
+    problem = arrival_problem(np.arange(MAX_PLANNING_ARRIVALS + 1, dtype=np.float64))
+    assert problem == "2,000,001 arrivals; the planner simulates at most 2,000,000 arrivals " + (
+        "per planning trace"
+    )
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        {"trace": [0.0, 0.0, 0.5]},
+        {"trace": [0.0, 1e-5]},  # 100,000 rps exactly
+        {"rateRps": 1e5, "durationS": 20},  # 2,000,000 arrivals exactly
+        {"rateRps": 0.001, "durationS": 86_400},
+    ],
+)
+def test_workloads_at_the_limits_are_valid(workload: dict[str, Any]) -> None:
+    parse_pipeline(doc(spec__workload=workload))
 
 
 def test_all_problems_reported_at_once() -> None:
