@@ -127,8 +127,7 @@ class WorkloadSpec(SpecModel):
     squared coefficient of variation) or an explicit trace of arrival times in seconds.
 
     The planner simulates every arrival of the planning trace for each configuration it
-    tries, so a workload holds at most 2,000,000 arrivals (`rateRps` x `durationS`, or a
-    trace's length) at a mean rate of at most 100,000 rps."""
+    tries, so the number of arrivals and their rate are bounded (`rateRps`, `trace`)."""
 
     rate_rps: float | None = Field(
         default=None,
