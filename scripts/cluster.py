@@ -208,6 +208,11 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
+# The Popen objects of this `up`: a child's exit is seen by poll(), not /proc (right after
+# Popen, /proc/<pid>/cmdline can still read as the forking python's).
+procs: dict[str, subprocess.Popen[bytes]] = {}
+
+
 def start(run: Path, name: str, args: list[str]) -> int:
     binary = str(BIN_DIR / name)
     log = open(run / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - child owns it
@@ -219,6 +224,7 @@ def start(run: Path, name: str, args: list[str]) -> int:
         start_new_session=True,  # not killed by the caller's Ctrl-C; `down` stops it
     )
     log.close()
+    procs[name] = proc
     (run / "pids" / f"{name}.pid").write_text(f"{proc.pid}\n")
     return proc.pid
 
@@ -244,11 +250,12 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
 
 
 def wait_for(what: str, check, deadline: float, pids: dict[str, int]) -> None:
+    """Poll `check` until true; fail early when one of the started processes exits."""
     while True:
         if check():
             return
         for name, pid in pids.items():
-            if not Path(f"/proc/{pid}").exists() or not ours(pid, str(BIN_DIR / name)):
+            if procs[name].poll() is not None:
                 raise SystemExit(f"{name} (pid {pid}) exited while waiting for {what}")
         if time.monotonic() > deadline:
             raise SystemExit(f"timed out waiting for {what}")
@@ -332,6 +339,9 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
             "kube-apiserver",
             [
                 "--advertise-address=127.0.0.1",
+                # A loopback advertise address is refused by the endpoint reconciler: the
+                # `kubernetes` Service gets no endpoints (no node could use them anyway).
+                "--endpoint-reconciler-type=none",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={ports['apiserver']}",
                 f"--cert-dir={run / 'apiserver-certs'}",
@@ -427,7 +437,14 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
         for name in reversed(list(pids)):
             tail = (run / "logs" / f"{name}.log").read_text(errors="replace").splitlines()[-15:]
             print(f"--- {name} (last lines) ---", *tail, sep="\n", file=sys.stderr)
-        stop(state, keep=True)
+        for proc in reversed(procs.values()):
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        STATE.unlink(missing_ok=True)
         raise
     t_all = time.monotonic() - t0
     state["startup_s"] = {"apiserver_ready": round(t_api, 2), "all_ready": round(t_all, 2)}

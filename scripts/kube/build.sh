@@ -35,6 +35,11 @@ ldflags_for() { # version
     echo "$LDFLAGS$x"
 }
 
+TIMES="$DEST/.times"
+children_cpu_s() { # user+sys seconds of this shell's finished children, from `times >"$TIMES"`
+    tail -1 "$TIMES" | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } printf "%d", s }'
+}
+
 build() { # name, module dir, package, version
     local name="$1" dir="$2" pkg="$3" version="$4"
     if [[ -x "$BIN/$name" ]]; then
@@ -42,14 +47,18 @@ build() { # name, module dir, package, version
         return
     fi
     echo "$name: building $pkg@$version (go build -p $P, nice 19) ..."
-    local t0 t1
+    local t0 t1 c0 c1
     t0=$(date +%s)
+    times >"$TIMES"  # in this shell: $(times) would count a subshell's children
+    c0=$(children_cpu_s)
     (cd "$dir" && nice -n 19 go build -p "$P" -trimpath -buildvcs=false \
         -ldflags "$(ldflags_for "$version")" -o "$BIN/$name.tmp" "$pkg")
     mv "$BIN/$name.tmp" "$BIN/$name"
     t1=$(date +%s)
-    echo "$name: built in $((t1 - t0)) s"
-    echo "$name $version $((t1 - t0))s -p $P $(date -u +%FT%TZ) load=$(cut -d' ' -f1-3 /proc/loadavg)" \
+    times >"$TIMES"
+    c1=$(children_cpu_s)
+    echo "$name: built in $((t1 - t0)) s (CPU $((c1 - c0)) s)"
+    echo "$name $version $((t1 - t0))s cpu=$((c1 - c0))s -p $P $(date -u +%FT%TZ) load=$(cut -d' ' -f1-3 /proc/loadavg)" \
         >>"$DEST/build-times.txt"
 }
 
