@@ -12,7 +12,7 @@ TORCH_CPU ?= torch==2.13.0
 PIPELINE  ?= examples/digits-cascade/pipeline.yaml
 RUN_ARGS  ?=
 
-.PHONY: run test tools lint bench-quick clean
+.PHONY: run test tools lint bench-quick clean cluster-up cluster-down
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,15 @@ lint: $(BIN)/.installed
 
 bench-quick: $(BIN)/.installed
 	$(BIN)/python benchmarks/serving.py --quick
+
+# A real Kubernetes control plane on 127.0.0.1 (docs/e2e.md, "Real control plane"); the
+# first run builds the binaries from Go modules into .tools/kube (minutes, once).
+cluster-up: $(BIN)/.installed
+	scripts/kube/build.sh
+	$(BIN)/python scripts/cluster.py up
+
+cluster-down:
+	$(PYTHON) scripts/cluster.py down
 
 clean:
 	rm -rf $(VENV) .tools examples/*/models .pytest_cache .mypy_cache .ruff_cache
