@@ -100,7 +100,7 @@ class StageSpec(SpecModel):
     name: str = Field(pattern=NAME_PATTERN, max_length=40)
     model: ModelSpec
     # Bounded so the CRD's CEL rules stay within the API server's cost budget.
-    inputs: list[StageInput] = Field(min_length=1, max_length=32)
+    inputs: list[StageInput] = Field(min_length=1, max_length=16)
     outputs: list[TensorSpec] = Field(min_length=1, max_length=32)
     when: str | None = Field(
         default=None,

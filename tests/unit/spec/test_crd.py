@@ -40,3 +40,16 @@ def test_spec_reference_doc_in_sync() -> None:
     assert (ROOT / "docs" / "spec-reference.md").read_text() == reference_markdown(), (
         "docs/spec-reference.md is stale: regenerate with `sloline crd --reference`"
     )
+
+
+def test_from_rule_fits_the_apiservers_cost_budget() -> None:
+    """The `from` rule's estimated cost grows with stages x inputs per stage x (pipeline
+    inputs + stages). kube-apiserver v1.37.2 (`make cluster-up`) refused the CRD at 64 x 32
+    x (64 + 64), 1.338816x its budget; keep a quarter of the budget spare."""
+    spec = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    spec = spec["spec"]["properties"]
+    stages = spec["stages"]["maxItems"]
+    stage_inputs = spec["stages"]["items"]["properties"]["inputs"]["maxItems"]
+    inputs = spec["inputs"]["maxItems"]
+    budget = 64 * 32 * (64 + 64) / 1.338816
+    assert stages * stage_inputs * (inputs + stages) <= 0.75 * budget
