@@ -13,7 +13,12 @@ At termination the two guarantees of §4.3 hold: (1) if some configuration in th
 space meets the SLO, a valid one is returned (Algorithm 1 reaches the no-queueing
 configuration); (2) no single action lowers the cost without violating the SLO.
 
-:func:`plan` runs both and packages the result as a :class:`Plan`
+:func:`multi_start` (the default search) runs Algorithm 2 from several starts, with and
+without hardware downgrades in its first descent, so that a downgrade to a cheap, slow
+class or a free batch increase that spends the latency budget is weighed against the
+plans it blocks; ``search="greedy"`` is InferLine's single descent.
+
+:func:`plan` runs Algorithm 1 and the search and packages the result as a :class:`Plan`
 (:func:`sloline.planner.describe.describe`, with the plan's headroom).
 """
 
@@ -36,16 +41,20 @@ from sloline.planner.problem import PlanningProblem
 __all__ = [
     "Action",
     "InfeasibleError",
+    "Search",
     "Variant",
     "actions",
     "initialize",
     "minimize_cost",
+    "multi_start",
     "plan",
     "plan_sweep",
 ]
 
 ActionKind = Literal["increase-batch", "remove-replica", "downgrade-hardware"]
 Variant = Literal["inferline", "sloline"]
+Search = Literal["multi-start", "greedy"]
+ESCAPE_BUDGET = 3
 _ACTION_RANK: dict[ActionKind, int] = {
     "increase-batch": 0,
     "remove-replica": 1,
@@ -352,9 +361,12 @@ def actions(
     evaluator: Evaluator,
     config: Config,
     variant: Variant = "sloline",
+    *,
+    downgrades: bool = True,
 ) -> list[Action]:
     """Every feasible single action on ``config`` (Algorithm 2, lines 8-13); see
-    :func:`_remove_replica` and :func:`_downgrade` for how the variants differ."""
+    :func:`_remove_replica` and :func:`_downgrade` for how the variants differ.
+    ``downgrades=False`` leaves out DowngradeHW (each stage keeps its hardware)."""
     found: list[Action] = []
     for m, name in enumerate(problem.topology.stages):
         c = config[m]
@@ -368,7 +380,7 @@ def actions(
             removed = _remove_replica(problem, evaluator, config, m, variant)
             if removed is not None:
                 found.append(Action("remove-replica", m, *removed))
-        cheaper = _next_cheaper(problem, name, c.hardware)
+        cheaper = _next_cheaper(problem, name, c.hardware) if downgrades else None
         if cheaper is not None:
             result = _downgrade(problem, evaluator, config, m, cheaper, variant)
             if result is not None:
@@ -377,12 +389,18 @@ def actions(
 
 
 def minimize_cost(
-    problem: PlanningProblem, evaluator: Evaluator, config: Config, variant: Variant = "sloline"
+    problem: PlanningProblem,
+    evaluator: Evaluator,
+    config: Config,
+    variant: Variant = "sloline",
+    *,
+    downgrades: bool = True,
 ) -> Config:
     """Algorithm 2 from a feasible ``config``: the most cost-reducing feasible action per
-    iteration (IncreaseBatch counts as a zero reduction) until none is feasible."""
+    iteration (IncreaseBatch counts as a zero reduction) until none is feasible
+    (``downgrades=False``: with every stage kept on its hardware)."""
     while True:
-        options = actions(problem, evaluator, config, variant)
+        options = actions(problem, evaluator, config, variant, downgrades=downgrades)
         if not options:
             return config
         best = min(
@@ -397,14 +415,49 @@ def minimize_cost(
         config = best.config
 
 
+def multi_start(
+    problem: PlanningProblem, evaluator: Evaluator, start: Config, variant: Variant = "sloline"
+) -> Config:
+    """Algorithm 2 from several starts, with a way out of its two traps; the cheapest
+    result (ties: lower tail) wins, so it never costs more than Algorithm 2 from ``start``.
+
+    Starts: ``start`` (Algorithm 1) and, per hardware class, every stage that may use it on
+    it, grown until feasible (Algorithm 1, lines 9-11). Each start is descended twice: by
+    Algorithm 2, and by Algorithm 2 with every stage kept on its hardware, then Algorithm 2.
+    The greedy takes the biggest saving first, so a downgrade to a cheap, slow class (or a
+    free batch increase) spends the latency budget that later savings needed; keeping the
+    hardware first lets batching and replica removal use that budget, and a downgrade
+    comes only when it still pays. Every result is Algorithm 2's, so no single action
+    lowers its cost."""
+    by_price = sorted(problem.hardware_costs, key=lambda hw: (problem.hardware_costs[hw], hw))
+    starts = [start]
+    for hw in by_price:
+        grown = _grow_until_feasible(problem, evaluator, _start(problem, prefer=hw))
+        if grown is not None:
+            starts.append(grown)
+    minima: list[Config] = []
+    for config in dict.fromkeys(starts):
+        minima.append(minimize_cost(problem, evaluator, config, variant))
+        kept = minimize_cost(problem, evaluator, config, variant, downgrades=False)
+        minima.append(minimize_cost(problem, evaluator, kept, variant))
+    return min(minima, key=lambda c: _ranked(evaluator, c))
+
+
+def _ranked(evaluator: Evaluator, config: Config) -> tuple[float, float]:
+    verdict = evaluator.evaluate(config)
+    return verdict.cost_per_hour, verdict.tail_s
+
+
 def plan(
     problem: PlanningProblem,
     evaluator: Evaluator | None = None,
     *,
     variant: Variant = "sloline",
+    search: Search = "multi-start",
     warm_start: Config | None = None,
 ) -> Plan:
-    """Plan a pipeline: Algorithm 1, then Algorithm 2.
+    """Plan a pipeline: Algorithm 1, then :func:`multi_start` (``search="multi-start"``)
+    or Algorithm 2 from Algorithm 1's start alone (``search="greedy"``, InferLine's).
 
     ``warm_start``, a configuration known to be feasible (the deployed plan when
     re-planning, or a plan for a tighter SLO), is descended from as well and the cheaper
@@ -412,8 +465,9 @@ def plan(
     Raises :class:`InfeasibleError` (with a reason) when no configuration meets the SLO."""
     evaluator = evaluator or Evaluator(problem)
     results: list[Config] = []
+    descend = multi_start if search == "multi-start" else minimize_cost
     try:
-        results.append(minimize_cost(problem, evaluator, initialize(problem, evaluator), variant))
+        results.append(descend(problem, evaluator, initialize(problem, evaluator), variant))
     except InfeasibleError:
         if warm_start is None or not evaluator.feasible(warm_start):
             raise
