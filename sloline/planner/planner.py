@@ -13,10 +13,12 @@ At termination the two guarantees of §4.3 hold: (1) if some configuration in th
 space meets the SLO, a valid one is returned (Algorithm 1 reaches the no-queueing
 configuration); (2) no single action lowers the cost without violating the SLO.
 
-:func:`multi_start` (the default search) runs Algorithm 2 from several starts, with and
-without hardware downgrades in its first descent, so that a downgrade to a cheap, slow
-class or a free batch increase that spends the latency budget is weighed against the
-plans it blocks; ``search="greedy"`` is InferLine's single descent.
+:func:`multi_start` (the default search) adds a way out of Algorithm 2's traps: a second
+descent that first keeps every stage on its hardware, and moves that take a replica off
+(or change the class of) the dearest stages at any batch size while the others grow; a
+downgrade to a cheap, slow class or a free batch increase that spends the latency budget
+is then weighed against the plans it blocks. ``search="greedy"`` is InferLine's single
+descent.
 
 :func:`plan` runs Algorithm 1 and the search and packages the result as a :class:`Plan`
 (:func:`sloline.planner.describe.describe`, with the plan's headroom).
@@ -418,29 +420,69 @@ def minimize_cost(
 def multi_start(
     problem: PlanningProblem, evaluator: Evaluator, start: Config, variant: Variant = "sloline"
 ) -> Config:
-    """Algorithm 2 from several starts, with a way out of its two traps; the cheapest
-    result (ties: lower tail) wins, so it never costs more than Algorithm 2 from ``start``.
+    """Algorithm 2 with two ways out of its traps, from the feasible ``start``; never
+    dearer than Algorithm 2 from ``start``, and no single action lowers the result's cost.
 
-    Starts: ``start`` (Algorithm 1) and, per hardware class, every stage that may use it on
-    it, grown until feasible (Algorithm 1, lines 9-11). Each start is descended twice: by
-    Algorithm 2, and by Algorithm 2 with every stage kept on its hardware, then Algorithm 2.
     The greedy takes the biggest saving first, so a downgrade to a cheap, slow class (or a
-    free batch increase) spends the latency budget that later savings needed; keeping the
-    hardware first lets batching and replica removal use that budget, and a downgrade
-    comes only when it still pays. Every result is Algorithm 2's, so no single action
-    lowers its cost."""
-    by_price = sorted(problem.hardware_costs, key=lambda hw: (problem.hardware_costs[hw], hw))
-    starts = [start]
-    for hw in by_price:
-        grown = _grow_until_feasible(problem, evaluator, _start(problem, prefer=hw))
-        if grown is not None:
-            starts.append(grown)
-    minima: list[Config] = []
-    for config in dict.fromkeys(starts):
-        minima.append(minimize_cost(problem, evaluator, config, variant))
-        kept = minimize_cost(problem, evaluator, config, variant, downgrades=False)
-        minima.append(minimize_cost(problem, evaluator, kept, variant))
-    return min(minima, key=lambda c: _ranked(evaluator, c))
+    free batch increase) can spend the latency budget that later, bigger savings needed.
+    So ``start`` is descended twice — by Algorithm 2, and by Algorithm 2 with every stage
+    kept on its hardware, then Algorithm 2 — and the cheaper result (ties: lower tail) is
+    then improved by :func:`_escape`."""
+    direct = minimize_cost(problem, evaluator, start, variant)
+    kept = minimize_cost(problem, evaluator, start, variant, downgrades=False)
+    kept = minimize_cost(problem, evaluator, kept, variant)
+    best = min((direct, kept), key=lambda c: _ranked(evaluator, c))
+    return _escape(problem, evaluator, best, variant)
+
+
+def _escape(
+    problem: PlanningProblem, evaluator: Evaluator, config: Config, variant: Variant
+) -> Config:
+    """Moves that RemoveReplica and DowngradeHW do not make, from a local minimum: stage m
+    one replica fewer on its class, or at its fewest replicas on any class (an upgrade
+    too) whose price is lower, at *every* batch size (not only the best one alone); the
+    other stages grow as in Algorithm 1 while the total stays cheaper, then Algorithm 2
+    descends. The first cheaper result replaces ``config`` and the moves start over, the
+    dearest stages first. E.g. a GPU stage at batch 16 with one replica fewer, where the
+    CPU stage before it needs two more replicas to keep its output steady."""
+    stages = problem.topology.stages
+    improved = True
+    while improved:
+        improved = False
+        cost = problem.cost_per_hour(config)
+        order = sorted(range(len(stages)), key=lambda m: -_stage_cost(problem, config, m))
+        for m in order:
+            for new in _moves(problem, config, m):
+                grown = _grow_until_feasible(problem, evaluator, new, cost, frozenset({m}))
+                if grown is None:
+                    continue
+                found = minimize_cost(problem, evaluator, grown, variant)
+                if problem.cost_per_hour(found) < cost - 1e-9:
+                    config, improved = found, True
+                    break
+            if improved:
+                break
+    return config
+
+
+def _stage_cost(problem: PlanningProblem, config: Config, m: int) -> float:
+    return config[m].replicas * problem.hardware_costs[config[m].hardware]
+
+
+def _moves(problem: PlanningProblem, config: Config, m: int) -> list[Config]:
+    name = problem.topology.stages[m]
+    current = config[m]
+    lo = problem.replica_bounds(name)[0]
+    moves = []
+    for hw in problem.usable_hardware(name):
+        replicas = current.replicas - 1 if hw == current.hardware else lo
+        cheaper = replicas * problem.hardware_costs[hw] < _stage_cost(problem, config, m) - 1e-9
+        if replicas >= lo and cheaper:
+            moves += [
+                _with(config, m, StageConfig(hw, batch, replicas))
+                for batch in problem.batch_options(name, hw)
+            ]
+    return moves
 
 
 def _ranked(evaluator: Evaluator, config: Config) -> tuple[float, float]:
