@@ -27,7 +27,7 @@ descent.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -57,6 +57,7 @@ ActionKind = Literal["increase-batch", "remove-replica", "downgrade-hardware"]
 Variant = Literal["inferline", "sloline"]
 Search = Literal["multi-start", "greedy"]
 ESCAPE_BUDGET = 3
+_EPS = 1e-9  # $/h: float rounding in cost sums
 _ACTION_RANK: dict[ActionKind, int] = {
     "increase-batch": 0,
     "remove-replica": 1,
@@ -358,6 +359,59 @@ def _remove_replica(
     return None if repaired is None else (repaired, evaluator.evaluate(repaired))
 
 
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """An action not yet evaluated, with a lower bound on the cost it can reach."""
+
+    floor: float
+    kind: ActionKind
+    stage: int
+    run: Callable[[], tuple[Config, Evaluation] | None]
+
+
+def _candidates(
+    problem: PlanningProblem,
+    evaluator: Evaluator,
+    config: Config,
+    variant: Variant,
+    downgrades: bool,
+) -> list[_Candidate]:
+    """Algorithm 2's actions on ``config``, each with a lower bound on its resulting cost:
+    IncreaseBatch keeps the cost; RemoveReplica (with its repair, which only grows the
+    others while cheaper) saves at most one replica of the stage; DowngradeHW at most the
+    stage's cost less its fewest replicas on the cheaper class."""
+    cost = problem.cost_per_hour(config)
+    found: list[_Candidate] = []
+    for m, name in enumerate(problem.topology.stages):
+        c = config[m]
+        unit = problem.hardware_costs[c.hardware]
+        lo = problem.replica_bounds(name)[0]
+        cap = max(problem.batch_options(name, c.hardware))
+        if problem.override(name).max_batch is None and c.max_batch < cap:
+            new = _with(config, m, replace(c, max_batch=min(2 * c.max_batch, cap)))
+
+            def batch(new: Config = new) -> tuple[Config, Evaluation] | None:
+                verdict = evaluator.evaluate(new)
+                return (new, verdict) if verdict.feasible else None
+
+            found.append(_Candidate(cost, "increase-batch", m, batch))
+        if c.replicas > lo:
+
+            def remove(m: int = m) -> tuple[Config, Evaluation] | None:
+                return _remove_replica(problem, evaluator, config, m, variant)
+
+            found.append(_Candidate(cost - unit, "remove-replica", m, remove))
+        cheaper = _next_cheaper(problem, name, c.hardware) if downgrades else None
+        if cheaper is not None:
+
+            def downgrade(m: int = m, hw: str = cheaper) -> tuple[Config, Evaluation] | None:
+                return _downgrade(problem, evaluator, config, m, hw, variant)
+
+            floor = cost - c.replicas * unit + lo * problem.hardware_costs[cheaper]
+            found.append(_Candidate(floor, "downgrade-hardware", m, downgrade))
+    return found
+
+
 def actions(
     problem: PlanningProblem,
     evaluator: Evaluator,
@@ -370,24 +424,16 @@ def actions(
     :func:`_remove_replica` and :func:`_downgrade` for how the variants differ.
     ``downgrades=False`` leaves out DowngradeHW (each stage keeps its hardware)."""
     found: list[Action] = []
-    for m, name in enumerate(problem.topology.stages):
-        c = config[m]
-        cap = max(problem.batch_options(name, c.hardware))
-        if problem.override(name).max_batch is None and c.max_batch < cap:
-            new = _with(config, m, replace(c, max_batch=min(2 * c.max_batch, cap)))
-            verdict = evaluator.evaluate(new)
-            if verdict.feasible:
-                found.append(Action("increase-batch", m, new, verdict))
-        if c.replicas > problem.replica_bounds(name)[0]:
-            removed = _remove_replica(problem, evaluator, config, m, variant)
-            if removed is not None:
-                found.append(Action("remove-replica", m, *removed))
-        cheaper = _next_cheaper(problem, name, c.hardware) if downgrades else None
-        if cheaper is not None:
-            result = _downgrade(problem, evaluator, config, m, cheaper, variant)
-            if result is not None:
-                found.append(Action("downgrade-hardware", m, *result))
+    for candidate in _candidates(problem, evaluator, config, variant, downgrades):
+        result = candidate.run()
+        if result is not None:
+            found.append(Action(candidate.kind, candidate.stage, *result))
     return found
+
+
+def _action_key(action: Action) -> tuple[float, float, int, int]:
+    verdict = action.evaluation
+    return verdict.cost_per_hour, verdict.tail_s, action.stage, _ACTION_RANK[action.kind]
 
 
 def minimize_cost(
@@ -400,20 +446,25 @@ def minimize_cost(
 ) -> Config:
     """Algorithm 2 from a feasible ``config``: the most cost-reducing feasible action per
     iteration (IncreaseBatch counts as a zero reduction) until none is feasible
-    (``downgrades=False``: with every stage kept on its hardware)."""
+    (``downgrades=False``: with every stage kept on its hardware).
+
+    The actions are tried in order of the lowest cost they can reach, and those that
+    cannot match the best found so far are not run: the same choice as running every
+    action (:func:`actions`), with fewer estimates."""
     while True:
-        options = actions(problem, evaluator, config, variant, downgrades=downgrades)
-        if not options:
+        best: Action | None = None
+        candidates = _candidates(problem, evaluator, config, variant, downgrades)
+        for candidate in sorted(candidates, key=lambda c: c.floor):
+            if best is not None and candidate.floor > best.evaluation.cost_per_hour + _EPS:
+                break
+            result = candidate.run()
+            if result is None:
+                continue
+            action = Action(candidate.kind, candidate.stage, *result)
+            if best is None or _action_key(action) < _action_key(best):
+                best = action
+        if best is None:
             return config
-        best = min(
-            options,
-            key=lambda a: (
-                a.evaluation.cost_per_hour,
-                a.evaluation.tail_s,
-                a.stage,
-                _ACTION_RANK[a.kind],
-            ),
-        )
         config = best.config
 
 
