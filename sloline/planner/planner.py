@@ -504,7 +504,8 @@ def _escape(
         order = sorted(range(len(stages)), key=lambda m: -_stage_cost(problem, config, m))
         for m in order:
             for new in _moves(problem, config, m):
-                grown = _grow_until_feasible(problem, evaluator, new, cost, frozenset({m}))
+                frozen = frozenset({m}) if new[m].hardware == config[m].hardware else frozenset()
+                grown = _grow_until_feasible(problem, evaluator, new, cost, frozen)
                 if grown is None:
                     continue
                 found = minimize_cost(problem, evaluator, grown, variant)

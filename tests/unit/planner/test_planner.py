@@ -393,3 +393,17 @@ def test_multi_start_escapes_a_cheap_slow_class_that_spends_the_latency_budget()
     assert ours.cost_per_hour == pytest.approx(optimum.cost_per_hour)
     assert meets_slo(problem, ours.config)
     assert {c.hardware for c in ours.config} == {"fast"}
+
+
+def test_multi_start_takes_a_gpu_replica_off_where_the_stage_before_must_grow() -> None:
+    # The greedy stops at two GPU replicas at batch 16; one suffices only once the CPU
+    # stage before it has three or more replicas: no single action gets there.
+    problem = random_problem(47)
+    optimum = optimal_config(problem, budget=20_000)
+    assert optimum.proven
+    greedy = plan(problem, search="greedy")
+    ours = plan(problem)
+    assert greedy.cost_per_hour > 1.5 * optimum.cost_per_hour
+    assert ours.cost_per_hour == pytest.approx(optimum.cost_per_hour)
+    assert ours.config[1].replicas == 1
+    assert meets_slo(problem, ours.config)
