@@ -56,7 +56,6 @@ __all__ = [
 ActionKind = Literal["increase-batch", "remove-replica", "downgrade-hardware"]
 Variant = Literal["inferline", "sloline"]
 Search = Literal["multi-start", "greedy"]
-ESCAPE_BUDGET = 3
 _EPS = 1e-9  # $/h: float rounding in cost sums
 _ACTION_RANK: dict[ActionKind, int] = {
     "increase-batch": 0,
