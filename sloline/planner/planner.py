@@ -13,14 +13,21 @@ At termination the two guarantees of §4.3 hold: (1) if some configuration in th
 space meets the SLO, a valid one is returned (Algorithm 1 reaches the no-queueing
 configuration); (2) no single action lowers the cost without violating the SLO.
 
-:func:`plan` runs both and packages the result as a :class:`Plan`
+:func:`multi_start` (the default search) adds a way out of Algorithm 2's traps: a second
+descent that first keeps every stage on its hardware, and moves that take a replica off
+(or change the class of) the dearest stages at any batch size while the others grow; a
+downgrade to a cheap, slow class or a free batch increase that spends the latency budget
+is then weighed against the plans it blocks. ``search="greedy"`` is InferLine's single
+descent.
+
+:func:`plan` runs Algorithm 1 and the search and packages the result as a :class:`Plan`
 (:func:`sloline.planner.describe.describe`, with the plan's headroom).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -36,16 +43,20 @@ from sloline.planner.problem import PlanningProblem
 __all__ = [
     "Action",
     "InfeasibleError",
+    "Search",
     "Variant",
     "actions",
     "initialize",
     "minimize_cost",
+    "multi_start",
     "plan",
     "plan_sweep",
 ]
 
 ActionKind = Literal["increase-batch", "remove-replica", "downgrade-hardware"]
 Variant = Literal["inferline", "sloline"]
+Search = Literal["multi-start", "greedy"]
+_EPS = 1e-9  # $/h: float rounding in cost sums
 _ACTION_RANK: dict[ActionKind, int] = {
     "increase-batch": 0,
     "remove-replica": 1,
@@ -347,54 +358,187 @@ def _remove_replica(
     return None if repaired is None else (repaired, evaluator.evaluate(repaired))
 
 
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """An action not yet evaluated, with a lower bound on the cost it can reach."""
+
+    floor: float
+    kind: ActionKind
+    stage: int
+    run: Callable[[], tuple[Config, Evaluation] | None]
+
+
+def _candidates(
+    problem: PlanningProblem,
+    evaluator: Evaluator,
+    config: Config,
+    variant: Variant,
+    downgrades: bool,
+) -> list[_Candidate]:
+    """Algorithm 2's actions on ``config``, each with a lower bound on its resulting cost:
+    IncreaseBatch keeps the cost; RemoveReplica (with its repair, which only grows the
+    others while cheaper) saves at most one replica of the stage; DowngradeHW at most the
+    stage's cost less its fewest replicas on the cheaper class."""
+    cost = problem.cost_per_hour(config)
+    found: list[_Candidate] = []
+    for m, name in enumerate(problem.topology.stages):
+        c = config[m]
+        unit = problem.hardware_costs[c.hardware]
+        lo = problem.replica_bounds(name)[0]
+        cap = max(problem.batch_options(name, c.hardware))
+        if problem.override(name).max_batch is None and c.max_batch < cap:
+            new = _with(config, m, replace(c, max_batch=min(2 * c.max_batch, cap)))
+
+            def batch(new: Config = new) -> tuple[Config, Evaluation] | None:
+                verdict = evaluator.evaluate(new)
+                return (new, verdict) if verdict.feasible else None
+
+            found.append(_Candidate(cost, "increase-batch", m, batch))
+        if c.replicas > lo:
+
+            def remove(m: int = m) -> tuple[Config, Evaluation] | None:
+                return _remove_replica(problem, evaluator, config, m, variant)
+
+            found.append(_Candidate(cost - unit, "remove-replica", m, remove))
+        cheaper = _next_cheaper(problem, name, c.hardware) if downgrades else None
+        if cheaper is not None:
+
+            def downgrade(m: int = m, hw: str = cheaper) -> tuple[Config, Evaluation] | None:
+                return _downgrade(problem, evaluator, config, m, hw, variant)
+
+            floor = cost - c.replicas * unit + lo * problem.hardware_costs[cheaper]
+            found.append(_Candidate(floor, "downgrade-hardware", m, downgrade))
+    return found
+
+
 def actions(
     problem: PlanningProblem,
     evaluator: Evaluator,
     config: Config,
     variant: Variant = "sloline",
+    *,
+    downgrades: bool = True,
 ) -> list[Action]:
     """Every feasible single action on ``config`` (Algorithm 2, lines 8-13); see
-    :func:`_remove_replica` and :func:`_downgrade` for how the variants differ."""
+    :func:`_remove_replica` and :func:`_downgrade` for how the variants differ.
+    ``downgrades=False`` leaves out DowngradeHW (each stage keeps its hardware)."""
     found: list[Action] = []
-    for m, name in enumerate(problem.topology.stages):
-        c = config[m]
-        cap = max(problem.batch_options(name, c.hardware))
-        if problem.override(name).max_batch is None and c.max_batch < cap:
-            new = _with(config, m, replace(c, max_batch=min(2 * c.max_batch, cap)))
-            verdict = evaluator.evaluate(new)
-            if verdict.feasible:
-                found.append(Action("increase-batch", m, new, verdict))
-        if c.replicas > problem.replica_bounds(name)[0]:
-            removed = _remove_replica(problem, evaluator, config, m, variant)
-            if removed is not None:
-                found.append(Action("remove-replica", m, *removed))
-        cheaper = _next_cheaper(problem, name, c.hardware)
-        if cheaper is not None:
-            result = _downgrade(problem, evaluator, config, m, cheaper, variant)
-            if result is not None:
-                found.append(Action("downgrade-hardware", m, *result))
+    for candidate in _candidates(problem, evaluator, config, variant, downgrades):
+        result = candidate.run()
+        if result is not None:
+            found.append(Action(candidate.kind, candidate.stage, *result))
     return found
 
 
+def _action_key(action: Action) -> tuple[float, float, int, int]:
+    verdict = action.evaluation
+    return verdict.cost_per_hour, verdict.tail_s, action.stage, _ACTION_RANK[action.kind]
+
+
 def minimize_cost(
-    problem: PlanningProblem, evaluator: Evaluator, config: Config, variant: Variant = "sloline"
+    problem: PlanningProblem,
+    evaluator: Evaluator,
+    config: Config,
+    variant: Variant = "sloline",
+    *,
+    downgrades: bool = True,
 ) -> Config:
     """Algorithm 2 from a feasible ``config``: the most cost-reducing feasible action per
-    iteration (IncreaseBatch counts as a zero reduction) until none is feasible."""
+    iteration (IncreaseBatch counts as a zero reduction) until none is feasible
+    (``downgrades=False``: with every stage kept on its hardware).
+
+    The actions are tried in order of the lowest cost they can reach, and those that
+    cannot match the best found so far are not run: the same choice as running every
+    action (:func:`actions`), with fewer estimates."""
     while True:
-        options = actions(problem, evaluator, config, variant)
-        if not options:
+        best: Action | None = None
+        candidates = _candidates(problem, evaluator, config, variant, downgrades)
+        for candidate in sorted(candidates, key=lambda c: c.floor):
+            if best is not None and candidate.floor > best.evaluation.cost_per_hour + _EPS:
+                break
+            result = candidate.run()
+            if result is None:
+                continue
+            action = Action(candidate.kind, candidate.stage, *result)
+            if best is None or _action_key(action) < _action_key(best):
+                best = action
+        if best is None:
             return config
-        best = min(
-            options,
-            key=lambda a: (
-                a.evaluation.cost_per_hour,
-                a.evaluation.tail_s,
-                a.stage,
-                _ACTION_RANK[a.kind],
-            ),
-        )
         config = best.config
+
+
+def multi_start(
+    problem: PlanningProblem, evaluator: Evaluator, start: Config, variant: Variant = "sloline"
+) -> Config:
+    """Algorithm 2 with two ways out of its traps, from the feasible ``start``; never
+    dearer than Algorithm 2 from ``start``, and no single action lowers the result's cost.
+
+    The greedy takes the biggest saving first, so a downgrade to a cheap, slow class (or a
+    free batch increase) can spend the latency budget that later, bigger savings needed.
+    So ``start`` is descended twice — by Algorithm 2, and by Algorithm 2 with every stage
+    kept on its hardware, then Algorithm 2 — and the cheaper result (ties: lower tail) is
+    then improved by :func:`_escape`."""
+    direct = minimize_cost(problem, evaluator, start, variant)
+    kept = minimize_cost(problem, evaluator, start, variant, downgrades=False)
+    kept = minimize_cost(problem, evaluator, kept, variant)
+    best = min((direct, kept), key=lambda c: _ranked(evaluator, c))
+    return _escape(problem, evaluator, best, variant)
+
+
+def _escape(
+    problem: PlanningProblem, evaluator: Evaluator, config: Config, variant: Variant
+) -> Config:
+    """Moves that RemoveReplica and DowngradeHW do not make, from a local minimum: stage m
+    one replica fewer on its class, or at its fewest replicas on any class (an upgrade
+    too) whose price is lower, at *every* batch size (not only the best one alone); the
+    other stages grow as in Algorithm 1 while the total stays cheaper, then Algorithm 2
+    descends. The first cheaper result replaces ``config`` and the moves start over, the
+    dearest stages first. E.g. a GPU stage at batch 16 with one replica fewer, where the
+    CPU stage before it needs two more replicas to keep its output steady."""
+    stages = problem.topology.stages
+    improved = True
+    while improved:
+        improved = False
+        cost = problem.cost_per_hour(config)
+        order = sorted(range(len(stages)), key=lambda m: -_stage_cost(problem, config, m))
+        for m in order:
+            for new in _moves(problem, config, m):
+                frozen = frozenset({m}) if new[m].hardware == config[m].hardware else frozenset()
+                grown = _grow_until_feasible(problem, evaluator, new, cost, frozen)
+                if grown is None:
+                    continue
+                found = minimize_cost(problem, evaluator, grown, variant)
+                if problem.cost_per_hour(found) < cost - 1e-9:
+                    config, improved = found, True
+                    break
+            if improved:
+                break
+    return config
+
+
+def _stage_cost(problem: PlanningProblem, config: Config, m: int) -> float:
+    return config[m].replicas * problem.hardware_costs[config[m].hardware]
+
+
+def _moves(problem: PlanningProblem, config: Config, m: int) -> list[Config]:
+    name = problem.topology.stages[m]
+    current = config[m]
+    lo = problem.replica_bounds(name)[0]
+    moves = []
+    for hw in problem.usable_hardware(name):
+        replicas = current.replicas - 1 if hw == current.hardware else lo
+        cheaper = replicas * problem.hardware_costs[hw] < _stage_cost(problem, config, m) - 1e-9
+        if replicas >= lo and cheaper:
+            moves += [
+                _with(config, m, StageConfig(hw, batch, replicas))
+                for batch in problem.batch_options(name, hw)
+            ]
+    return moves
+
+
+def _ranked(evaluator: Evaluator, config: Config) -> tuple[float, float]:
+    verdict = evaluator.evaluate(config)
+    return verdict.cost_per_hour, verdict.tail_s
 
 
 def plan(
@@ -402,9 +546,11 @@ def plan(
     evaluator: Evaluator | None = None,
     *,
     variant: Variant = "sloline",
+    search: Search = "multi-start",
     warm_start: Config | None = None,
 ) -> Plan:
-    """Plan a pipeline: Algorithm 1, then Algorithm 2.
+    """Plan a pipeline: Algorithm 1, then :func:`multi_start` (``search="multi-start"``)
+    or Algorithm 2 from Algorithm 1's start alone (``search="greedy"``, InferLine's).
 
     ``warm_start``, a configuration known to be feasible (the deployed plan when
     re-planning, or a plan for a tighter SLO), is descended from as well and the cheaper
@@ -412,8 +558,9 @@ def plan(
     Raises :class:`InfeasibleError` (with a reason) when no configuration meets the SLO."""
     evaluator = evaluator or Evaluator(problem)
     results: list[Config] = []
+    descend = multi_start if search == "multi-start" else minimize_cost
     try:
-        results.append(minimize_cost(problem, evaluator, initialize(problem, evaluator), variant))
+        results.append(descend(problem, evaluator, initialize(problem, evaluator), variant))
     except InfeasibleError:
         if warm_start is None or not evaluator.feasible(warm_start):
             raise

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from sloline.common.trace import gamma_arrivals
 from sloline.lab.cg import cg_baselines
 from sloline.lab.optimum import optimal_config
+from sloline.lab.problems import cloud_problem
 from sloline.lab.synthetic import random_problem
 from sloline.planner.config import Config, StageConfig
 from sloline.planner.describe import HEADROOM_MAX, HEADROOM_STEP
@@ -342,3 +343,67 @@ def test_the_paper_literal_greedy_can_stall_where_ours_does_not() -> None:
     assert np.isclose(optimum.cost_per_hour, problem.cost_per_hour(optimum.config))
     assert ours == pytest.approx(optimum.cost_per_hour)
     assert literal > 1.5 * optimum.cost_per_hour
+
+
+def seeded_problems() -> list[PlanningProblem]:
+    synthetic = [random_problem(s, duration_s=8.0, max_replicas=16) for s in (24, 41, 5)]
+    cloud = [cloud_problem(s, duration_s=8.0, max_replicas=16) for s in (29, 32, 33, 46)]
+    return synthetic + cloud
+
+
+@pytest.mark.parametrize("problem", seeded_problems(), ids=lambda p: p.name)
+def test_multi_start_is_never_dearer_than_the_greedy_and_meets_the_slo(
+    problem: PlanningProblem,
+) -> None:
+    greedy = plan(problem, search="greedy")
+    ours = plan(problem)
+    assert ours.cost_per_hour <= greedy.cost_per_hour + 1e-9
+    assert meets_slo(problem, ours.config)
+    assert meets_slo(problem, greedy.config)
+
+
+def affine(hardware: str, fixed_s: float, per_item_s: float) -> StageProfile:
+    return StageProfile.from_latencies(
+        hardware, {b: fixed_s + b * per_item_s for b in (1, 2, 4, 8, 16, 32)}
+    )
+
+
+def test_multi_start_escapes_a_cheap_slow_class_that_spends_the_latency_budget() -> None:
+    # Two GPU stages; the slow class costs a third and is 2.5x slower. The greedy's biggest
+    # first saving moves a stage to it, which leaves too little of the SLO for batching:
+    # both stages on the fast class at a large batch are cheaper.
+    profiles = {
+        name: {"fast": affine("fast", 0.010, 0.0005), "slow": affine("slow", 0.025, 0.00125)}
+        for name in ("a", "b")
+    }
+    problem = PlanningProblem(
+        topology=Topology.chain(["a", "b"]),
+        profile=PipelineProfile(profiles, hop_s=0.0005),
+        hardware_costs={"fast": 3.0, "slow": 1.0},
+        slo_s=0.060,
+        arrivals_s=gamma_arrivals(200.0, 10.0, cv2=1.0, seed=1),
+        max_replicas=16,
+    )
+    optimum = optimal_config(problem, budget=20_000)
+    assert optimum.proven
+    assert optimum.config is not None
+    greedy = plan(problem, search="greedy")
+    ours = plan(problem)
+    assert greedy.cost_per_hour > 1.25 * optimum.cost_per_hour
+    assert ours.cost_per_hour == pytest.approx(optimum.cost_per_hour)
+    assert meets_slo(problem, ours.config)
+    assert {c.hardware for c in ours.config} == {"fast"}
+
+
+def test_multi_start_takes_a_gpu_replica_off_where_the_stage_before_must_grow() -> None:
+    # The greedy stops at two GPU replicas at batch 16; one suffices only once the CPU
+    # stage before it has three or more replicas: no single action gets there.
+    problem = random_problem(47)
+    optimum = optimal_config(problem, budget=20_000)
+    assert optimum.proven
+    greedy = plan(problem, search="greedy")
+    ours = plan(problem)
+    assert greedy.cost_per_hour > 1.5 * optimum.cost_per_hour
+    assert ours.cost_per_hour == pytest.approx(optimum.cost_per_hour)
+    assert ours.config[1].replicas == 1
+    assert meets_slo(problem, ours.config)
