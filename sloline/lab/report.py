@@ -58,7 +58,10 @@ def recovery_times(
 ) -> tuple[float, ...]:
     """Seconds from each load change until the rolling tail is back within the SLO for
     the rest of the segment (up to the next change): the end of the segment's last
-    violating tick minus the change; 0 if none; inf if it still violates at the end."""
+    violating tick minus the change; 0 if none; inf if it still violates at the end.
+    A trace without load changes has no recovery times."""
+    if not changes_s:
+        return ()
     tick = float(ticks_s[1] - ticks_s[0]) if ticks_s.size > 1 else 1.0
     ends = (*changes_s[1:], float(ticks_s[-1]) + tick)
     out: list[float] = []
