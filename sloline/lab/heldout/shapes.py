@@ -10,13 +10,14 @@ rate(t) / peak. The shapes, after the published characterisations:
 
 - ``diurnal``: the daily cycle of interactive services and of the Azure Functions traces
   ("Serverless in the Wild", Shahrad et al.), compressed to one period per run, with
-  slow multiplicative noise (a log-normal random walk between knots every 10 s);
+  slow multiplicative noise (a mean-reverting log-normal process, knots every 10 s);
 - ``flash-crowd``: a sudden surge of 3-5x the base rate held for 10-60 s, with a ramp up
   and a decay (the "flash crowd" / Slashdot effect of Jung, Krishnamurthy and Rabinovich);
 - ``growth``: a slow linear ramp to 2-3x the base rate over the run (organic growth, a
   launch or a migration shifting traffic);
 - ``mmpp``: a two-state Markov-modulated Poisson process (Heffes and Lucantoni), a calm
-  state at the base rate and a burst state at 2-4x it, exponential holding times;
+  state at the base rate and a burst state at 2-4x it, exponential holding times (each
+  burst's onset is a load change);
 - ``heavy-tailed``: a renewal process with log-normal inter-arrivals of squared
   coefficient of variation 4-10 at the base rate (heavy-tailed, highly variable
   inter-arrival times, as the Azure Functions traces report for many functions and
@@ -50,7 +51,8 @@ __all__ = [
 
 FloatArray = npt.NDArray[np.float64]
 RateFn = Callable[[FloatArray], FloatArray]
-Draw = Callable[[np.random.Generator, float], FloatArray]
+# a realisation on [0, span): arrivals and the times its load changes
+Draw = Callable[[np.random.Generator, float], tuple[FloatArray, tuple[float, ...]]]
 PLAN_FRACTION = 0.25
 
 
@@ -71,10 +73,12 @@ def _split(
     duration_s: float,
     rngs: list[np.random.Generator],
     description: str,
-    changes_s: tuple[float, ...] = (),
     plan_fraction: float = PLAN_FRACTION,
 ) -> Trace:
-    live, planning = draw(rngs[0], duration_s), draw(rngs[1], duration_s * plan_fraction)
+    (live, changes_s), (planning, _) = (
+        draw(rngs[0], duration_s),
+        draw(rngs[1], duration_s * plan_fraction),
+    )
     if live.size < 2 or planning.size < 2:
         raise ValueError(f"{name}: too few arrivals; raise the rate or the duration")
     return Trace(name, live, duration_s, planning, changes_s, description)
@@ -98,7 +102,10 @@ def diurnal(
     phase: float | None = None,
     noise: float | None = None,
 ) -> Trace:
-    """rate(t) = base · (1 + amplitude · sin(2πt/duration + phase)) · noise(t)."""
+    """rate(t) = base · (1 + amplitude · sin(2πt/duration + phase)) · exp(x(t)), x an
+    AR(1) process between knots 10 s apart (correlation 0.8, stationary standard
+    deviation ``noise``, clipped at 3 of them) interpolated linearly. Over one period
+    the mean rate is about base; the planning sample sees the phase the run starts at."""
     p, rngs = _rngs(seed, "diurnal")
     a = float(amplitude if amplitude is not None else p.uniform(0.3, 0.6))
     ph = float(phase if phase is not None else p.uniform(0.0, 2.0 * math.pi))
@@ -107,14 +114,18 @@ def diurnal(
 
     def draw(rng: np.random.Generator, span: float) -> FloatArray:
         knots = np.arange(0.0, span + 10.0, 10.0)
-        steps = rng.normal(0.0, sigma, size=knots.size)
-        walk = np.clip(np.cumsum(steps), -3.0 * sigma, 3.0 * sigma)
+        walk = np.empty(knots.size)
+        walk[0] = rng.normal(0.0, sigma)
+        shocks = rng.normal(0.0, sigma * math.sqrt(1.0 - 0.8**2), size=knots.size)
+        for k in range(1, knots.size):
+            walk[k] = 0.8 * walk[k - 1] + shocks[k]
+        walk = np.clip(walk, -3.0 * sigma, 3.0 * sigma)
 
         def rate(t: FloatArray) -> FloatArray:
             cycle = 1.0 + a * np.sin(2.0 * math.pi * t / duration_s + ph)
             return base_rps * cycle * np.exp(np.interp(t, knots, walk))
 
-        return thinned(rng, rate, cap, span)
+        return thinned(rng, rate, cap, span), ()
 
     desc = f"diurnal around {base_rps:.0f} rps, amplitude {a:.2f}, noise {sigma:.2f}"
     return _split("diurnal", draw, duration_s, rngs, desc)
@@ -156,13 +167,14 @@ def flash_crowd(
     rate = flash_profile(base_rps, k, t0, up, hold, down)
 
     def draw(rng: np.random.Generator, span: float) -> FloatArray:
-        return thinned(rng, rate, base_rps * k, span)
+        changes = (t0,) if t0 < span else ()
+        return thinned(rng, rate, base_rps * k, span), changes
 
     desc = (
         f"flash crowd {k:.1f}x {base_rps:.0f} rps at {t0:.0f} s "
         f"(ramp {up:.0f} s, hold {hold:.0f} s, decay {down:.0f} s)"
     )
-    return _split("flash-crowd", draw, duration_s, rngs, desc, (t0,))
+    return _split("flash-crowd", draw, duration_s, rngs, desc)
 
 
 def growth(base_rps: float, duration_s: float, seed: int, *, factor: float | None = None) -> Trace:
@@ -174,7 +186,7 @@ def growth(base_rps: float, duration_s: float, seed: int, *, factor: float | Non
         return base_rps * (1.0 + (g - 1.0) * t / duration_s)
 
     def draw(rng: np.random.Generator, span: float) -> FloatArray:
-        return thinned(rng, rate, base_rps * g, span)
+        return thinned(rng, rate, base_rps * g, span), ()
 
     return _split("growth", draw, duration_s, rngs, f"growth {base_rps:.0f} rps -> {g:.1f}x")
 
@@ -207,7 +219,8 @@ def mmpp(
         def rate(times: FloatArray) -> FloatArray:
             return rates[np.searchsorted(bounds, times, side="right") - 1]
 
-        return thinned(rng, rate, base_rps * k, span)
+        onsets = tuple(float(e) for e in bounds[1::2] if e < span)
+        return thinned(rng, rate, base_rps * k, span), onsets
 
     desc = f"MMPP {base_rps:.0f} rps / {k:.1f}x, mean holding {calm:.0f} s / {hot:.0f} s"
     return _split("mmpp", draw, duration_s, rngs, desc)
@@ -231,7 +244,7 @@ def heavy_tailed(
             parts.append(times)
             last = float(times[-1])
         out = np.concatenate(parts)
-        return out[out < span]
+        return out[out < span], ()
 
     desc = f"log-normal renewal at {base_rps:.0f} rps, CV² {c2:.1f}"
     return _split("heavy-tailed", draw, duration_s, rngs, desc)
