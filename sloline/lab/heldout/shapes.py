@@ -52,7 +52,8 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 RateFn = Callable[[FloatArray], FloatArray]
 # a realisation on [0, span): arrivals and the times its load changes
-Draw = Callable[[np.random.Generator, float], tuple[FloatArray, tuple[float, ...]]]
+Realisation = tuple[FloatArray, tuple[float, ...]]
+Draw = Callable[[np.random.Generator, float], Realisation]
 PLAN_FRACTION = 0.25
 
 
@@ -112,7 +113,7 @@ def diurnal(
     sigma = float(noise if noise is not None else p.uniform(0.05, 0.15))
     cap = base_rps * (1.0 + a) * math.exp(3.0 * sigma)
 
-    def draw(rng: np.random.Generator, span: float) -> FloatArray:
+    def draw(rng: np.random.Generator, span: float) -> Realisation:
         knots = np.arange(0.0, span + 10.0, 10.0)
         walk = np.empty(knots.size)
         walk[0] = rng.normal(0.0, sigma)
@@ -166,7 +167,7 @@ def flash_crowd(
     down = float(decay_s if decay_s is not None else p.uniform(10.0, 30.0))
     rate = flash_profile(base_rps, k, t0, up, hold, down)
 
-    def draw(rng: np.random.Generator, span: float) -> FloatArray:
+    def draw(rng: np.random.Generator, span: float) -> Realisation:
         changes = (t0,) if t0 < span else ()
         return thinned(rng, rate, base_rps * k, span), changes
 
@@ -185,7 +186,7 @@ def growth(base_rps: float, duration_s: float, seed: int, *, factor: float | Non
     def rate(t: FloatArray) -> FloatArray:
         return base_rps * (1.0 + (g - 1.0) * t / duration_s)
 
-    def draw(rng: np.random.Generator, span: float) -> FloatArray:
+    def draw(rng: np.random.Generator, span: float) -> Realisation:
         return thinned(rng, rate, base_rps * g, span), ()
 
     return _split("growth", draw, duration_s, rngs, f"growth {base_rps:.0f} rps -> {g:.1f}x")
@@ -207,7 +208,7 @@ def mmpp(
     calm = float(calm_s if calm_s is not None else p.uniform(20.0, 60.0))
     hot = float(burst_s if burst_s is not None else p.uniform(5.0, 20.0))
 
-    def draw(rng: np.random.Generator, span: float) -> FloatArray:
+    def draw(rng: np.random.Generator, span: float) -> Realisation:
         edges, levels, t, state = [0.0], [], 0.0, 0
         while t < span:
             levels.append(k if state else 1.0)
@@ -236,7 +237,7 @@ def heavy_tailed(
     s2 = math.log1p(c2)
     mu = -math.log(base_rps) - s2 / 2.0
 
-    def draw(rng: np.random.Generator, span: float) -> FloatArray:
+    def draw(rng: np.random.Generator, span: float) -> Realisation:
         parts, last = [], 0.0
         chunk = int(base_rps * span) + 64
         while last < span:
