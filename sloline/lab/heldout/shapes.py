@@ -2,9 +2,9 @@
 
 Each generator returns a :class:`~sloline.lab.traces.Trace` around a base rate: live
 arrivals on [0, duration_s) and a *planning sample*, an independent realisation of the
-same process over its first ``plan_fraction`` of the time (what an operator would have
-recorded before the run: the base regime, without the flash crowd or the growth still to
-come). Arrivals under a changing rate are a non-homogeneous Poisson process drawn by
+same process over the first quarter (``PLAN_FRACTION``) of the time (what an operator
+would have recorded before the run: the base regime, without the flash crowd or the
+growth still to come). Arrivals under a changing rate are a non-homogeneous Poisson process drawn by
 thinning (Lewis and Shedler): candidates at the peak rate, each kept with probability
 rate(t) / peak. The shapes, after the published characterisations:
 
@@ -74,12 +74,9 @@ def _split(
     duration_s: float,
     rngs: list[np.random.Generator],
     description: str,
-    plan_fraction: float = PLAN_FRACTION,
 ) -> Trace:
-    (live, changes_s), (planning, _) = (
-        draw(rngs[0], duration_s),
-        draw(rngs[1], duration_s * plan_fraction),
-    )
+    live, changes_s = draw(rngs[0], duration_s)
+    planning, _ = draw(rngs[1], duration_s * PLAN_FRACTION)
     if live.size < 2 or planning.size < 2:
         raise ValueError(f"{name}: too few arrivals; raise the rate or the duration")
     return Trace(name, live, duration_s, planning, changes_s, description)
