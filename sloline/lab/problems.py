@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from sloline.common.trace import gamma_arrivals
+from sloline.lab.synthetic import best_latency_s
 from sloline.planner.problem import PlanningProblem
 from sloline.planner.profile import PipelineProfile, StageProfile
 from sloline.planner.topology import Topology
@@ -97,10 +98,7 @@ def cloud_problem(
     topology = _topology(rng, names)
     profiles = {name: _stage(rng, hardware) for name in names}
     profile = PipelineProfile(profiles, {}, hop_s=_HOP_S)
-    fastest = [
-        min(p.latency_s(1) for p in profiles[name].values()) + _HOP_S for name in topology.stages
-    ]
-    floor, _ = topology.longest_path(fastest)
+    floor = best_latency_s(topology, profiles, _HOP_S)
     rate = float(rate_rps if rate_rps is not None else rng.uniform(20.0, 300.0))
     cv2 = float(rng.choice([1.0, 4.0]))
     return PlanningProblem(

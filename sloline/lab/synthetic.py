@@ -70,6 +70,18 @@ def _random_dag(rng: np.random.Generator, names: list[str]) -> dict[str, list[st
     return deps
 
 
+def best_latency_s(
+    topology: Topology, profiles: dict[str, dict[str, StageProfile]], hop_s: float
+) -> float:
+    """The pipeline's best no-queue latency: each stage at batch 1 on its fastest class plus
+    a hop, along the longest path (what a random problem's SLO is set against)."""
+    fastest = [
+        min(p.latency_s(1) for p in profiles[name].values()) + hop_s for name in topology.stages
+    ]
+    floor, _ = topology.longest_path(fastest)
+    return float(floor)
+
+
 def random_problem(
     seed: int,
     *,
@@ -95,10 +107,7 @@ def random_problem(
     topology = Topology.from_deps(deps, names[-1], optional)
     profiles = {name: _stage_profiles(rng, hardware) for name in names}
     profile = PipelineProfile(profiles, scale, hop_s=HOP_S)
-    fastest = [
-        min(p.latency_s(1) for p in profiles[name].values()) + HOP_S for name in topology.stages
-    ]
-    floor, _ = topology.longest_path(fastest)
+    floor = best_latency_s(topology, profiles, HOP_S)
     rate = float(rate_rps if rate_rps is not None else rng.uniform(20.0, 150.0))
     cv2 = float(rng.choice([1.0, 4.0]))
     return PlanningProblem(

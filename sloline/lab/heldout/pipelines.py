@@ -36,6 +36,7 @@ from typing import Literal
 
 import numpy as np
 
+from sloline.lab.synthetic import best_latency_s
 from sloline.planner.problem import PlanningProblem
 from sloline.planner.profile import PipelineProfile, StageProfile
 from sloline.planner.topology import Topology
@@ -171,10 +172,7 @@ def random_pipeline(seed: int) -> HeldoutPipeline:
     optional = {name: [conditional] for name, ds in dep_names.items() if conditional in ds}
     topology = Topology.from_deps(dep_names, names[-1], optional)
     profile = PipelineProfile(profiles, scale, hop_s=HOP_S)
-    fastest = [
-        min(p.latency_s(1) for p in profiles[name].values()) + HOP_S for name in topology.stages
-    ]
-    floor, _ = topology.longest_path(fastest)
+    floor = best_latency_s(topology, profiles, HOP_S)
     prices = {
         hw: round(price * float(rng.uniform(0.85, 1.15)), 4) for hw, (price, _) in CATALOG.items()
     }
