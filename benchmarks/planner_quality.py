@@ -3,13 +3,13 @@
 1. Planner time on 10-stage pipelines with 4 hardware classes (``sloline.lab.problems``,
    60 s at 100 rps; target: under 10 s), for the default search and InferLine's greedy.
 2. Each planner vs the optimum (``sloline.lab.optimum``'s branch and bound) on seeded
-   random pipelines of 2-4 stages from two independent families: ``synthetic`` (2-3
-   classes, Clockwork GPU profiles; ``sloline.lab.synthetic``) and ``cloud`` (2-4 classes:
-   fast and slow GPU generations, CPUs; ``sloline.lab.problems``). The search was developed
-   on seeds 0-49; the report uses seeds 1000 and up. Per planner: the share within 1.10x of
-   the optimum, the worst ratio, planner time (median / max), and CG-Mean / CG-Peak
-   beside (target: the default within 1.10x in >= 95%, none worse than 1.25x, never
-   infeasible when a feasible plan exists).
+   random pipelines of 2-4 stages, 100 per family (``--seeds``), from two independent
+   families: ``synthetic`` (2-3 classes, Clockwork GPU profiles; ``sloline.lab.synthetic``)
+   and ``cloud`` (2-4 classes: fast and slow GPU generations, CPUs;
+   ``sloline.lab.problems``). The search was developed on seeds 0-49; the report uses
+   seeds 1000 and up. Per planner: the share within 1.10x of the optimum, the worst ratio,
+   planner time (median / max), and CG-Mean / CG-Peak beside (target: the default within
+   1.10x in >= 95%, none worse than 1.25x, never infeasible when a feasible plan exists).
 3. Cost monotonicity in the SLO: independent runs vs ``plan_sweep``.
 
     python benchmarks/planner_quality.py [--quick] [--seeds N] [--first-seed S]
@@ -217,7 +217,7 @@ def print_tables(result: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few small cases only")
-    parser.add_argument("--seeds", type=int, default=50, help="problems per family")
+    parser.add_argument("--seeds", type=int, default=100, help="problems per family")
     parser.add_argument("--first-seed", type=int, default=1000, help="held-out seeds from here")
     args = parser.parse_args()
     started = time.perf_counter()
