@@ -508,7 +508,7 @@ def _escape(
                 if grown is None:
                     continue
                 found = minimize_cost(problem, evaluator, grown, variant)
-                if problem.cost_per_hour(found) < cost - 1e-9:
+                if problem.cost_per_hour(found) < cost - _EPS:
                     config, improved = found, True
                     break
             if improved:
