@@ -527,7 +527,7 @@ def _moves(problem: PlanningProblem, config: Config, m: int) -> list[Config]:
     moves = []
     for hw in problem.usable_hardware(name):
         replicas = current.replicas - 1 if hw == current.hardware else lo
-        cheaper = replicas * problem.hardware_costs[hw] < _stage_cost(problem, config, m) - 1e-9
+        cheaper = replicas * problem.hardware_costs[hw] < _stage_cost(problem, config, m) - _EPS
         if replicas >= lo and cheaper:
             moves += [
                 _with(config, m, StageConfig(hw, batch, replicas))
