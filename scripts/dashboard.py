@@ -8,9 +8,10 @@ into an SDK dashboard and :func:`dashboard_json` into the JSON the Helm chart sh
 
 (a test checks it is in sync, and another runs every query against a real Prometheus).
 Queries use only the metrics of :mod:`sloline.serving.metrics` and no hard-coded SLO:
-targets come from ``sloline_slo_seconds`` / ``sloline_slo_percentile``. Series are
-aggregated ``by (pipeline, ...)``, so several router replicas add up (rates, ready
-workers) or de-duplicate (``max``: targets, desired replicas, cost).
+targets come from ``sloline_slo_seconds`` / ``sloline_slo_percentile``. Every query
+selects ``$namespace`` and series are aggregated ``by (namespace, pipeline, ...)``, so
+pipelines of the same name in two namespaces stay apart, and several router replicas add
+up (rates, ready workers) or de-duplicate (``max``: targets, desired replicas, cost).
 
 Needs the ``grafana-foundation-sdk`` package (a dev dependency), which is why this lives
 outside the ``sloline`` package; the shipped JSON does not.
@@ -38,8 +39,9 @@ __all__ = ["ROWS", "UID", "Panel", "Query", "build", "dashboard_json", "main"]
 UID = "sloline-slo-attainment"
 TITLE = "SLO attainment"
 
-_P = 'pipeline=~"$pipeline"'
-_S = 'pipeline=~"$pipeline", stage=~"$stage"'
+_N = 'namespace=~"$namespace"'
+_P = f'{_N}, pipeline=~"$pipeline"'
+_S = f'{_P}, stage=~"$stage"'
 _RI = "$__rate_interval"
 
 
@@ -68,16 +70,22 @@ class Panel:
 
 def _ratio_of_requests(numerator: str, window: str) -> str:
     return (
-        f"sum by (pipeline) (rate({numerator}[{window}])) / "
-        f"sum by (pipeline) (rate(sloline_requests_total{{{_P}}}[{window}]))"
+        f"sum by (namespace, pipeline) (rate({numerator}[{window}])) / "
+        f"sum by (namespace, pipeline) (rate(sloline_requests_total{{{_P}}}[{window}]))"
     )
 
 
 _ENVELOPE = (
-    f"sum by (pipeline, window_s) (max_over_time(sloline_arrival_envelope_rps{{{_P}}}[{_RI}]))"
+    "sum by (namespace, pipeline, window) (max_over_time("
+    f"sloline_arrival_envelope_requests_per_second{{{_P}}}[{_RI}]))"
 )
-_PLANNED = f"max by (pipeline, window_s) (sloline_planned_envelope_rps{{{_P}}})"
-_TARGET = Query(f"max by (pipeline) (sloline_slo_percentile{{{_P}}}) / 100", "{{pipeline}} target")
+_PLANNED = (
+    f"max by (namespace, pipeline, window) (sloline_planned_envelope_requests_per_second{{{_P}}})"
+)
+_TARGET = Query(
+    f"max by (namespace, pipeline) (sloline_slo_percentile{{{_P}}}) / 100",
+    "{{namespace}}/{{pipeline}} target",
+)
 
 ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
     (
@@ -90,10 +98,11 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "(the SLO percentile).",
                 (
                     Query(
-                        f"1 - sum by (pipeline) (increase(sloline_slo_miss_total{{{_P}}}"
-                        "[$__range])) / sum by (pipeline) (increase(sloline_requests_total"
-                        f"{{{_P}}}[$__range]))",
-                        "{{pipeline}}",
+                        "1 - sum by (namespace, pipeline) (increase("
+                        f"sloline_slo_miss_total{{{_P}}}[$__range])) / "
+                        "sum by (namespace, pipeline) (increase("
+                        f"sloline_requests_total{{{_P}}}[$__range]))",
+                        "{{namespace}}/{{pipeline}}",
                         instant=True,
                     ),
                     Query(_TARGET.expr, _TARGET.legend, instant=True),
@@ -109,7 +118,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 (
                     Query(
                         "1 - " + _ratio_of_requests(f"sloline_slo_miss_total{{{_P}}}", "5m"),
-                        "{{pipeline}} attainment",
+                        "{{namespace}}/{{pipeline}} attainment",
                     ),
                     _TARGET,
                 ),
@@ -123,16 +132,19 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "of requests miss it).",
                 (
                     Query(
-                        "histogram_quantile(0.5, sum by (pipeline, le) (rate("
+                        "histogram_quantile(0.5, sum by (namespace, pipeline, le) (rate("
                         f"sloline_request_latency_seconds_bucket{{{_P}}}[{_RI}])))",
-                        "{{pipeline}} P50",
+                        "{{namespace}}/{{pipeline}} P50",
                     ),
                     Query(
-                        "histogram_quantile(0.99, sum by (pipeline, le) (rate("
+                        "histogram_quantile(0.99, sum by (namespace, pipeline, le) (rate("
                         f"sloline_request_latency_seconds_bucket{{{_P}}}[{_RI}])))",
-                        "{{pipeline}} P99",
+                        "{{namespace}}/{{pipeline}} P99",
                     ),
-                    Query(f"max by (pipeline) (sloline_slo_seconds{{{_P}}})", "{{pipeline}} SLO"),
+                    Query(
+                        f"max by (namespace, pipeline) (sloline_slo_seconds{{{_P}}})",
+                        "{{namespace}}/{{pipeline}} SLO",
+                    ),
                 ),
                 "s",
                 9,
@@ -145,36 +157,72 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             Panel(
                 "Request rate and traffic envelope",
                 "Requests per second, and the max arrival rate in any window of the selected "
-                "size ($window s): observed by the router(s) and planned (the planning "
-                "trace's envelope the deployment was sized for).",
+                "size (window $window, 0 the shortest; sizes in "
+                "sloline_arrival_envelope_window_seconds): observed by the router(s) and "
+                "planned (the planning trace's envelope the deployment was sized for).",
                 (
                     Query(
-                        f"sum by (pipeline) (rate(sloline_requests_total{{{_P}}}[{_RI}]))",
-                        "{{pipeline}} requests/s",
+                        "sum by (namespace, pipeline) (rate("
+                        f"sloline_requests_total{{{_P}}}[{_RI}]))",
+                        "{{namespace}}/{{pipeline}} requests/s",
                     ),
                     Query(
-                        "sum by (pipeline, window_s) (max_over_time(sloline_arrival_envelope_rps"
-                        f'{{{_P}, window_s=~"$window"}}[{_RI}]))',
-                        "{{pipeline}} observed envelope ({{window_s}} s)",
+                        "sum by (namespace, pipeline, window) (max_over_time("
+                        "sloline_arrival_envelope_requests_per_second"
+                        f'{{{_P}, window=~"$window"}}[{_RI}]))',
+                        "{{namespace}}/{{pipeline}} observed envelope (window {{window}})",
                     ),
                     Query(
-                        "max by (pipeline, window_s) (sloline_planned_envelope_rps"
-                        f'{{{_P}, window_s=~"$window"}})',
-                        "{{pipeline}} planned envelope ({{window_s}} s)",
+                        "max by (namespace, pipeline, window) ("
+                        "sloline_planned_envelope_requests_per_second"
+                        f'{{{_P}, window=~"$window"}})',
+                        "{{namespace}}/{{pipeline}} planned envelope (window {{window}})",
                     ),
                 ),
                 "reqps",
-                12,
+                8,
             ),
             Panel(
                 "Observed / planned envelope",
                 "The largest ratio, over all window sizes, of the observed to the planned "
                 "traffic envelope. Above 1 the traffic is faster or burstier than planned "
                 "at some time scale, which is what makes the tuner add replicas.",
-                (Query(f"max by (pipeline) ({_ENVELOPE} / ({_PLANNED} > 0))", "{{pipeline}}"),),
+                (
+                    Query(
+                        f"max by (namespace, pipeline) ({_ENVELOPE} / ({_PLANNED} > 0))",
+                        "{{namespace}}/{{pipeline}}",
+                    ),
+                ),
                 "none",
-                12,
+                8,
                 threshold=1.0,
+            ),
+            Panel(
+                "Time to admission",
+                "Per admitted request, the router's receipt to its admission (request "
+                "checks, the admission estimate): P99 and mean, with the event loop's lag "
+                "(the wait before the router sees a request) at P99.",
+                (
+                    Query(
+                        "histogram_quantile(0.99, sum by (namespace, pipeline, le) (rate("
+                        f"sloline_request_admission_seconds_bucket{{{_P}}}[{_RI}])))",
+                        "{{namespace}}/{{pipeline}} P99",
+                    ),
+                    Query(
+                        "sum by (namespace, pipeline) (rate("
+                        f"sloline_request_admission_seconds_sum{{{_P}}}[{_RI}])) / "
+                        "sum by (namespace, pipeline) (rate("
+                        f"sloline_request_admission_seconds_count{{{_P}}}[{_RI}]))",
+                        "{{namespace}}/{{pipeline}} mean",
+                    ),
+                    Query(
+                        "histogram_quantile(0.99, sum by (namespace, pipeline, le) (rate("
+                        f"sloline_event_loop_lag_seconds_bucket{{{_P}}}[{_RI}])))",
+                        "{{namespace}}/{{pipeline}} event loop lag P99",
+                    ),
+                ),
+                "s",
+                8,
             ),
         ),
     ),
@@ -187,12 +235,13 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "connected to the router).",
                 (
                     Query(
-                        "max by (pipeline, stage) (sloline_stage_replicas"
+                        "max by (namespace, pipeline, stage) (sloline_stage_replicas"
                         f'{{{_S}, state="desired"}})',
                         "{{stage}} desired",
                     ),
                     Query(
-                        f'sum by (pipeline, stage) (sloline_stage_replicas{{{_S}, state="ready"}})',
+                        "sum by (namespace, pipeline, stage) ("
+                        f'sloline_stage_replicas{{{_S}, state="ready"}})',
                         "{{stage}} ready",
                     ),
                 ),
@@ -205,7 +254,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "stage is short of replicas.",
                 (
                     Query(
-                        f"sum by (pipeline, stage) (sloline_stage_queue_length{{{_S}}})",
+                        f"sum by (namespace, pipeline, stage) (sloline_stage_queue_length{{{_S}}})",
                         "{{stage}}",
                     ),
                 ),
@@ -213,12 +262,33 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 8,
             ),
             Panel(
+                "Queue wait per item",
+                "Per item, the wait in the stage's queue from enqueued to dispatched to a "
+                "worker (Triton's queue duration): P99 and mean.",
+                (
+                    Query(
+                        "histogram_quantile(0.99, sum by (namespace, pipeline, stage, le) (rate("
+                        f"sloline_stage_queue_wait_seconds_bucket{{{_S}}}[{_RI}])))",
+                        "{{stage}} P99",
+                    ),
+                    Query(
+                        "sum by (namespace, pipeline, stage) (rate("
+                        f"sloline_stage_queue_wait_seconds_sum{{{_S}}}[{_RI}])) / "
+                        "sum by (namespace, pipeline, stage) (rate("
+                        f"sloline_stage_queue_wait_seconds_count{{{_S}}}[{_RI}]))",
+                        "{{stage}} mean",
+                    ),
+                ),
+                "s",
+                8,
+            ),
+            Panel(
                 "Mean batch size",
                 "Items per dispatched batch, averaged over the rate interval.",
                 (
                     Query(
-                        "sum by (pipeline, stage) (rate(sloline_stage_batch_size_sum"
-                        f"{{{_S}}}[{_RI}])) / sum by (pipeline, stage) (rate("
+                        "sum by (namespace, pipeline, stage) (rate(sloline_stage_batch_size_sum"
+                        f"{{{_S}}}[{_RI}])) / sum by (namespace, pipeline, stage) (rate("
                         f"sloline_stage_batch_size_count{{{_S}}}[{_RI}]))",
                         "{{stage}}",
                     ),
@@ -231,13 +301,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Model time per batch measured in the workers: P99 and mean.",
                 (
                     Query(
-                        "histogram_quantile(0.99, sum by (pipeline, stage, le) (rate("
+                        "histogram_quantile(0.99, sum by (namespace, pipeline, stage, le) (rate("
                         f"sloline_stage_service_seconds_bucket{{{_S}}}[{_RI}])))",
                         "{{stage}} P99",
                     ),
                     Query(
-                        "sum by (pipeline, stage) (rate(sloline_stage_service_seconds_sum"
-                        f"{{{_S}}}[{_RI}])) / sum by (pipeline, stage) (rate("
+                        "sum by (namespace, pipeline, stage) (rate("
+                        f"sloline_stage_service_seconds_sum{{{_S}}}[{_RI}])) / "
+                        "sum by (namespace, pipeline, stage) (rate("
                         f"sloline_stage_service_seconds_count{{{_S}}}[{_RI}]))",
                         "{{stage}} mean",
                     ),
@@ -250,13 +321,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Hardware cost of the desired replicas: per stage and the pipeline's total.",
                 (
                     Query(
-                        f"max by (pipeline, stage) (sloline_stage_cost_per_hour{{{_S}}})",
+                        "max by (namespace, pipeline, stage) ("
+                        f"sloline_stage_cost_per_hour{{{_S}}})",
                         "{{stage}}",
                     ),
                     Query(
-                        "sum by (pipeline) (max by (pipeline, stage) (sloline_stage_cost_per_hour"
-                        f"{{{_P}}}))",
-                        "{{pipeline}} total",
+                        "sum by (namespace, pipeline) (max by (namespace, pipeline, stage) ("
+                        f"sloline_stage_cost_per_hour{{{_P}}}))",
+                        "{{namespace}}/{{pipeline}} total",
                     ),
                 ),
                 "currencyUSD",
@@ -268,7 +340,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "annotations on every panel).",
                 (
                     Query(
-                        "sum by (pipeline, stage, direction) (increase("
+                        "sum by (namespace, pipeline, stage, direction) (increase("
                         f"sloline_tuner_decisions_total{{{_S}}}[{_RI}]))",
                         "{{stage}} {{direction}}",
                     ),
@@ -288,11 +360,13 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "504 (deadline), 500 (a stage failed).",
                 (
                     Query(
-                        f'(sum by (pipeline) (rate(sloline_requests_total{{{_P}, code=~"5.."}}'
-                        f"[{_RI}])) or 0 * sum by (pipeline) (rate(sloline_requests_total"
-                        f"{{{_P}}}[{_RI}]))) / sum by (pipeline) (rate(sloline_requests_total"
-                        f"{{{_P}}}[{_RI}]))",
-                        "{{pipeline}}",
+                        "(sum by (namespace, pipeline) (rate("
+                        f'sloline_requests_total{{{_P}, code=~"5.."}}[{_RI}])) or 0 * '
+                        "sum by (namespace, pipeline) (rate("
+                        f"sloline_requests_total{{{_P}}}[{_RI}]))) / "
+                        "sum by (namespace, pipeline) (rate("
+                        f"sloline_requests_total{{{_P}}}[{_RI}]))",
+                        "{{namespace}}/{{pipeline}}",
                     ),
                 ),
                 "percentunit",
@@ -304,9 +378,9 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Requests per second answered with an error, by status code.",
                 (
                     Query(
-                        "sum by (pipeline, code) (rate(sloline_requests_total"
+                        "sum by (namespace, pipeline, code) (rate(sloline_requests_total"
                         f'{{{_P}, code!="200"}}[{_RI}]))',
-                        "{{pipeline}} {{code}}",
+                        "{{namespace}}/{{pipeline}} {{code}}",
                     ),
                 ),
                 "reqps",
@@ -319,13 +393,13 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "re-queued after their worker died.",
                 (
                     Query(
-                        "sum by (pipeline, stage, reason) (rate(sloline_stage_errors_total"
-                        f"{{{_S}}}[{_RI}]))",
+                        "sum by (namespace, pipeline, stage, reason) (rate("
+                        f"sloline_stage_errors_total{{{_S}}}[{_RI}]))",
                         "{{stage}} {{reason}}",
                     ),
                     Query(
-                        "sum by (pipeline, stage) (rate(sloline_stage_requeued_items_total"
-                        f"{{{_S}}}[{_RI}]))",
+                        "sum by (namespace, pipeline, stage) (rate("
+                        f"sloline_stage_requeued_items_total{{{_S}}}[{_RI}]))",
                         "{{stage}} re-queued",
                     ),
                 ),
@@ -334,10 +408,92 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             ),
         ),
     ),
+    (
+        "Operator",
+        (
+            Panel(
+                "Reconciles by result",
+                "Reconciles of the namespace's PredictionPipelines per second: ok "
+                "(deployed), waiting (profiling Jobs run), failed (until the object "
+                "changes), error (an API error, retried).",
+                (
+                    Query(
+                        "sum by (namespace, result) (rate(sloline_operator_reconciles_total"
+                        f"{{{_N}}}[{_RI}]))",
+                        "{{namespace}} {{result}}",
+                    ),
+                ),
+                "ops",
+                8,
+            ),
+            Panel(
+                "Reconcile duration",
+                "Time one reconcile takes, P99 by result.",
+                (
+                    Query(
+                        "histogram_quantile(0.99, sum by (namespace, result, le) (rate("
+                        f"sloline_operator_reconcile_duration_seconds_bucket{{{_N}}}[{_RI}])))",
+                        "{{namespace}} {{result}} P99",
+                    ),
+                ),
+                "s",
+                8,
+            ),
+            Panel(
+                "Reconcile errors by reason",
+                "Reconciles that ended in an error, by reason (the condition reason: "
+                "InvalidSpec, ProfilingFailed, Infeasible, InternalError; ApiError).",
+                (
+                    Query(
+                        "sum by (namespace, reason) (increase("
+                        f"sloline_operator_reconcile_errors_total{{{_N}}}[{_RI}]))",
+                        "{{namespace}} {{reason}}",
+                    ),
+                ),
+                "none",
+                8,
+                kind="bars",
+            ),
+            Panel(
+                "Profiling Jobs",
+                "Profiling Jobs the operator started, and those it harvested by result.",
+                (
+                    Query(
+                        "sum by (namespace) (increase("
+                        f"sloline_operator_profiling_jobs_started_total{{{_N}}}[{_RI}]))",
+                        "{{namespace}} started",
+                    ),
+                    Query(
+                        "sum by (namespace, result) (increase("
+                        f"sloline_operator_profiling_jobs_finished_total{{{_N}}}[{_RI}]))",
+                        "{{namespace}} {{result}}",
+                    ),
+                ),
+                "none",
+                12,
+                kind="bars",
+            ),
+            Panel(
+                "Planning time",
+                "Time the planner took per planning (mean over the rate interval).",
+                (
+                    Query(
+                        "sum by (namespace) (rate("
+                        f"sloline_operator_plan_duration_seconds_sum{{{_N}}}[{_RI}])) / "
+                        "sum by (namespace) (rate("
+                        f"sloline_operator_plan_duration_seconds_count{{{_N}}}[{_RI}]))",
+                        "{{namespace}} mean",
+                    ),
+                ),
+                "s",
+                12,
+            ),
+        ),
+    ),
 )
 
 TUNER_ANNOTATION_EXPR = (
-    "sum by (pipeline, stage, direction) (increase("
+    "sum by (namespace, pipeline, stage, direction) (increase("
     f"sloline_tuner_decisions_total{{{_P}}}[{_RI}])) > 0"
 )
 
@@ -417,17 +573,25 @@ def build() -> dm.Dashboard:
         .timezone("browser")
         .with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
         .with_variable(
-            _query_variable("pipeline", "label_values(sloline_requests_total, pipeline)")
+            _query_variable("namespace", "label_values(sloline_requests_total, namespace)")
+            # Embedded mode's series have no namespace: "All" matches them too.
+            .all_value(".*")
+        )
+        .with_variable(
+            _query_variable("pipeline", f"label_values(sloline_requests_total{{{_N}}}, pipeline)")
         )
         .with_variable(
             _query_variable("stage", f"label_values(sloline_stage_queue_length{{{_P}}}, stage)")
         )
         .with_variable(
             db.QueryVariable("window")
-            .label("Envelope window (s)")
-            .description("Window size of the traffic envelope shown with the request rate.")
+            .label("Envelope window")
+            .description(
+                "Window of the traffic envelope shown with the request rate, by index (0 is "
+                "the shortest; sloline_arrival_envelope_window_seconds has each size)."
+            )
             .datasource(_DATASOURCE)
-            .query(f"label_values(sloline_arrival_envelope_rps{{{_P}}}, window_s)")
+            .query(f"label_values(sloline_arrival_envelope_requests_per_second{{{_P}}}, window)")
             .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
             .sort(dm.VariableSort.NUMERICAL_DESC)
         )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Envelope", "StreamingEnvelope", "trace_envelope", "window_label", "window_sizes"]
+__all__ = ["Envelope", "StreamingEnvelope", "trace_envelope", "window_sizes"]
 
 _REL_TOL = 1e-9
 _MATCH_TOL = 1e-4
@@ -44,13 +44,6 @@ def window_sizes(base_s: float, max_s: float = 60.0) -> tuple[float, ...]:
         sizes.append(size)
         size *= 2.0
     return tuple(sizes)
-
-
-def window_label(window_s: float) -> str:
-    """The ``window_s`` Prometheus label of a window: ``repr`` of the float, so it
-    round-trips exactly (``window_label(0.01) == "0.01"``, ``window_label(60) == "60.0"``).
-    """
-    return repr(float(window_s))
 
 
 def trace_envelope(

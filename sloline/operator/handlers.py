@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -32,7 +33,7 @@ from sloline.operator.kube import ApiError, KubeApi
 from sloline.operator.naming import LABEL_PIPELINE, MANAGER, managed_selector
 from sloline.operator.reconcile import Failed, OperatorContext, Waiting, reconcile, update_status
 from sloline.operator.status import condition, with_readiness
-from sloline.operator.tuner import DaemonContext, OperatorMetrics, TunerDaemon
+from sloline.operator.tuner import DaemonContext, TunerDaemon
 from sloline.tuner.sources import GetJson, urllib_get_json
 
 PIPELINES: Final = ("sloline.dev", "v1alpha1", "predictionpipelines")
@@ -94,13 +95,12 @@ def _poster(body: kopf.Body) -> Callable[[str, str, str], None]:
 
 
 def build_registry(
-    ctx: OperatorContext,
-    metrics: OperatorMetrics,
-    *,
-    get_json: GetJson = urllib_get_json,
+    ctx: OperatorContext, *, get_json: GetJson = urllib_get_json
 ) -> kopf.OperatorRegistry:
-    """All handlers of the operator, bound to `ctx`, on a fresh registry."""
+    """All handlers of the operator, bound to `ctx` (its metrics included), on a fresh
+    registry."""
     registry = kopf.OperatorRegistry()
+    metrics = ctx.metrics
 
     @kopf.on.login(id="login", registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -111,15 +111,22 @@ def build_registry(
     @kopf.on.update(*PIPELINES, id="reconcile", registry=registry)
     def reconcile_pipeline(body: kopf.Body, **_: Any) -> None:
         event = _poster(body)
+        namespace = body.metadata.namespace or "default"
+        metrics.seen(namespace)
+        started = time.perf_counter()
         try:
             reconcile(ctx, body, event)
         except Waiting as exc:
+            metrics.reconciled(namespace, "waiting", started)
             raise kopf.TemporaryError(str(exc), delay=exc.delay_s) from None
         except Failed as exc:
+            metrics.reconciled(namespace, "failed", started, exc.reason)
             raise kopf.PermanentError(str(exc)) from None
         except ApiError as exc:
+            metrics.reconciled(namespace, "error", started, "ApiError")
             event("Warning", "ReconcileError", f"{exc}; retrying")
             raise
+        metrics.reconciled(namespace, "ok", started)
 
     @kopf.on.event(
         "apps",

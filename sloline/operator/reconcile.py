@@ -24,13 +24,17 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from sloline.operator import kube
 from sloline.operator.apply import ApplyReport, apply, prune
 from sloline.operator.kube import ApiError, KubeApi
+from sloline.operator.metrics import OperatorMetrics
 from sloline.operator.naming import (
     ANNOTATION_PLAN_INPUTS,
     ANNOTATION_PROFILE_KEY,
@@ -102,6 +106,7 @@ class OperatorContext:
     api: KubeApi
     settings: OperatorSettings
     now: Callable[[], str] = utc_now
+    metrics: OperatorMetrics = field(default_factory=lambda: OperatorMetrics(CollectorRegistry()))
 
 
 @dataclass(slots=True)
@@ -346,6 +351,9 @@ def _collect(
             found.to_create.append(task)
             continue
         entry, failure = _harvest(results, task, job, state, dataflow)
+        ctx.metrics.jobs_finished.labels(
+            target.namespace, "failed" if entry is None else "succeeded"
+        ).inc()
         if entry is not None:
             cache[task.key] = entry
         else:
@@ -392,6 +400,8 @@ def _profile(
         except ApiError as exc:
             if exc.status != 409:  # the old Job of that name is still going away
                 raise
+        else:
+            ctx.metrics.jobs_started.labels(ns).inc()
     if found.to_create:
         names = ", ".join(f"{t.stage} on {t.hardware}" for t in found.to_create)
         event("Normal", "Profiling", f"started {len(found.to_create)} profiling Job(s): {names}")
@@ -433,6 +443,7 @@ def _plan(
             )
     changes.set("Planned", "Unknown", "Planning", "planning with the cached profiles")
     flush()
+    started = time.perf_counter()
     try:
         plan = plan_from_profile(target, assemble(tasks, cache, dataflow, settings), settings)
     except ValueError as exc:
@@ -442,6 +453,8 @@ def _plan(
         changes.set("Planned", "False", reason, str(exc))
         event("Warning", reason, str(exc))
         raise Failed(reason, str(exc)) from None
+    finally:
+        ctx.metrics.plan_seconds.labels(target.namespace).observe(time.perf_counter() - started)
     summary = (
         f"${plan.cost_per_hour:.3f}/h, estimated P{plan.percentile:g} "
         f"{plan.tail_s * 1000:.1f} ms (SLO {plan.slo_s * 1000:g} ms): "

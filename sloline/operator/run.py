@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import start_http_server
 
 from sloline.operator.handlers import build_registry, kopf_settings
 from sloline.operator.kube import KubeApi
+from sloline.operator.metrics import OperatorMetrics
 from sloline.operator.reconcile import OperatorContext
 from sloline.operator.settings import OperatorSettings
-from sloline.operator.tuner import OperatorMetrics
+from sloline.serving.metrics import new_registry
 
 
 def run_operator(
@@ -30,13 +31,13 @@ def run_operator(
     """Serve PredictionPipelines in `namespaces` (every namespace when empty)."""
     import kopf
 
-    registry = CollectorRegistry()
+    registry = new_registry()
     metrics = OperatorMetrics(registry)
     if metrics_port:
         start_http_server(metrics_port, registry=registry)
-    context = OperatorContext(KubeApi.connect(kubeconfig), settings)
+    context = OperatorContext(KubeApi.connect(kubeconfig), settings, metrics=metrics)
     kopf.run(
-        registry=build_registry(context, metrics),
+        registry=build_registry(context),
         settings=kopf_settings(),
         namespaces=list(namespaces),
         clusterwide=not namespaces,

@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from prometheus_client import CollectorRegistry, Gauge
 
 from sloline.operator import kube
 from sloline.operator.kube import KubeApi
+from sloline.operator.metrics import OperatorMetrics
 from sloline.operator.naming import config_map_name, worker_name
 from sloline.operator.settings import OperatorSettings
 from sloline.planner.plan import Plan
-from sloline.serving.metrics import TunerMetrics
 from sloline.spec import PipelineGraph, parse_pipeline
 from sloline.tuner.policy import Decision, TunerSettings
 from sloline.tuner.sources import (
@@ -40,6 +39,7 @@ from sloline.tuner.sources import (
     PrometheusSource,
     StageTuning,
     Tuner,
+    pipeline_selector,
     stage_tunings,
     urllib_get_json,
 )
@@ -49,30 +49,6 @@ ATTAINMENT_EVERY_S = 30.0
 
 EventFn = Callable[[str, str, str], None]
 StatusFn = Callable[[str], Awaitable[None]]
-
-
-class OperatorMetrics:
-    """The operator's own series on its metrics port (one registry for all pipelines)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-        self.tuner = TunerMetrics(registry)
-        self.replicas = Gauge(
-            "sloline_stage_replicas",
-            "Replicas per stage: desired by the plan/tuner (the operator owns this count).",
-            ["pipeline", "stage", "state"],
-            registry=registry,
-        )
-
-    def desired(self, pipeline: str, stage: str, replicas: int) -> None:
-        self.replicas.labels(pipeline, stage, "desired").set(replicas)
-
-    def forget(self, pipeline: str, stages: list[str]) -> None:
-        for stage in stages:
-            try:
-                self.replicas.remove(pipeline, stage, "desired")
-            except KeyError:
-                continue
 
 
 def tuning_for(
@@ -123,8 +99,8 @@ class DeploymentActuator:
         return desired, ready
 
 
-def attainment_query(pipeline: str, window: str = "5m") -> str:
-    selector = f'pipeline="{pipeline}"'
+def attainment_query(namespace: str, pipeline: str, window: str = "5m") -> str:
+    selector = pipeline_selector(namespace, pipeline)
     return (
         f"1 - sum(increase(sloline_slo_miss_total{{{selector}}}[{window}])) / "
         f"sum(increase(sloline_requests_total{{{selector}}}[{window}]))"
@@ -164,13 +140,13 @@ class TunerDaemon:
         self._last_attainment_s = -math.inf
 
     def _desired(self, stage: str, replicas: int) -> None:
-        self.ctx.metrics.desired(self.ctx.pipeline, stage, replicas)
+        self.ctx.metrics.desired(self.ctx.namespace, self.ctx.pipeline, stage, replicas)
 
     def _rebuild(self, deployed: Mapping[str, str]) -> None:
         """A tuner for the deployed pipeline file and plan (they always belong together;
         the live spec may already be newer and still being profiled)."""
         ctx = self.ctx
-        ctx.metrics.forget(ctx.pipeline, self._stages)
+        ctx.metrics.forget(ctx.namespace, ctx.pipeline, self._stages)
         plan_text = deployed.get("plan.json")
         self._plan_text, self._tuner, self._stages = plan_text, None, []
         if plan_text is None or "pipeline.yaml" not in deployed:
@@ -180,6 +156,7 @@ class TunerDaemon:
         stages, settings = tuning_for(plan, graph, ctx.settings)
         source = PrometheusSource(
             ctx.settings.prometheus_url,
+            ctx.namespace,
             ctx.pipeline,
             windows_s=settings.windows_s,
             lookback_s=settings.envelope_lookback_s,
@@ -199,7 +176,9 @@ class TunerDaemon:
             settings=settings,
             clock=ctx.clock,
             logger=_LOG,
-            on_decision=self._decided(self.ctx.metrics.tuner.recorder(ctx.pipeline, self._stages)),
+            on_decision=self._decided(
+                ctx.metrics.tuner.recorder(ctx.pipeline, self._stages, namespace=ctx.namespace)
+            ),
         )
         _LOG.info("%s/%s: tuning %s", ctx.namespace, ctx.pipeline, self._stages)
 
@@ -237,7 +216,7 @@ class TunerDaemon:
         ctx = self.ctx
         url = ctx.settings.prometheus_url.rstrip("/") + "/api/v1/query"
         body: Mapping[str, Any] = await asyncio.to_thread(
-            ctx.get_json, url, {"query": attainment_query(ctx.pipeline)}
+            ctx.get_json, url, {"query": attainment_query(ctx.namespace, ctx.pipeline)}
         )
         result = (body.get("data") or {}).get("result") or []
         text = format_attainment(float(result[0]["value"][1])) if result else None
@@ -260,4 +239,4 @@ class TunerDaemon:
                     )
                 await stopped.wait(interval_s)
         finally:
-            self.ctx.metrics.forget(self.ctx.pipeline, self._stages)
+            self.ctx.metrics.forget(self.ctx.namespace, self.ctx.pipeline, self._stages)

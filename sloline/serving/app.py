@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from prometheus_client import CollectorRegistry
 
 from sloline.common.envelope import Envelope, StreamingEnvelope, window_sizes
-from sloline.serving.metrics import TargetCollector
+from sloline.serving.metrics import TargetCollector, new_registry
 from sloline.serving.router import Router, RouterSettings
 from sloline.serving.server import RouterServer, ServerSettings
 from sloline.spec import LoadedPipeline
@@ -61,7 +61,7 @@ class RouterApp:
         self.loaded = loaded
         self.settings = server
         self.drain_s = drain_s
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or new_registry()
         slo = loaded.pipeline.spec.slo
         slo_s = slo.latency_ms / 1000.0
         windows_s = envelope_windows_s(plan_envelope, slo_s)

@@ -3,18 +3,32 @@
 
 Dashboards, alerts and the tuner's Prometheus source depend on these names; change them
 only together (docs/operations.md lists them all, and a test keeps that list complete).
-The registry is injected so tests and several routers in one process do not collide.
-Queue lengths and replica counts are read at scrape time through a collector, and the
-request path only adds to plain numbers that another collector exports.
+The registry is injected so tests and several routers in one process do not collide;
+`new_registry` adds the default process and platform collectors (``process_*``,
+``python_*``). Queue lengths and replica counts are read at scrape time through a
+collector, and the request path only adds to plain numbers that another collector
+exports.
+
+Label values are names and codes, never numbers derived from a float: the traffic
+envelope's window sizes are gauge values (``..._window_seconds``) keyed by the window's
+index (``window="0"`` is the shortest), so a re-plan changes values, not series.
+Every counter and histogram has a ``_created`` series (when its series started).
 """
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from itertools import accumulate
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -22,9 +36,10 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from sloline.common.envelope import Envelope, window_label
+from sloline.common.envelope import Envelope
 from sloline.tuner.policy import Decision
 
 # Latency buckets from 1 ms to 30 s, dense around typical SLOs.
@@ -68,6 +83,16 @@ REJECT_REASONS = ("deadline", "inflight", "queue_full", "draining")
 LOOP_LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
+def new_registry() -> CollectorRegistry:
+    """A registry with the default process and platform collectors (``process_*``,
+    ``python_info``, ``python_gc_*``), as prometheus_client's global registry has them."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
 def latency_buckets(slo_s: float | None) -> tuple[float, ...]:
     """The end-to-end latency buckets: :data:`LATENCY_BUCKETS_S` plus the SLO itself.
 
@@ -106,13 +131,21 @@ class Series:
         return list(zip(edges, accumulate(self.counts), strict=True))
 
 
+def _created(family: Metric, labels: Mapping[str, str], created: float) -> None:
+    """Add the ``_created`` sample of one histogram series (the families of
+    prometheus_client's collector API take it only for counters)."""
+    family.samples.append(Sample(f"{family.name}_created", dict(labels), created))
+
+
 class RouterMetrics:
     """All metric families of one pipeline's router.
 
-    The per-request families (requests by code, latency, SLO misses, batch sizes,
-    service times) are plain counters and `Series` exported at scrape time by a
-    collector, so recording costs well under a microsecond; the rare-event counters
-    (re-queues, stage errors) are ordinary prometheus_client counters.
+    The per-request families (requests by code, latency, time to admission, SLO misses,
+    and per stage queue wait, batch sizes, service times) are plain counters and
+    `Series` exported at scrape time by a collector, so recording costs well under a
+    microsecond; the rare-event counters (re-queues, stage errors) are ordinary
+    prometheus_client counters. Each router exports its own series; Prometheus tells
+    routers apart by the scrape's ``instance`` (and, on Kubernetes, ``pod``) label.
     """
 
     def __init__(
@@ -124,11 +157,14 @@ class RouterMetrics:
         slo_s: float | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.created = time.time()
         self.codes: dict[int, int] = {200: 0}
         self.latency = Series(latency_buckets(slo_s))
+        self.admission = Series(LOOP_LAG_BUCKETS_S)
         self.slo_miss = 0
         self.batch_size = {s: Series(tuple(map(float, BATCH_BUCKETS))) for s in stages}
         self.service = {s: Series(LATENCY_BUCKETS_S) for s in self.batch_size}
+        self.queue_wait = {s: Series(LATENCY_BUCKETS_S) for s in self.batch_size}
         self.rejections = dict.fromkeys(REJECT_REASONS, 0)
         self.loop_lag = Series(LOOP_LAG_BUCKETS_S)
         registry.register(_HotPathCollector(self))
@@ -159,9 +195,6 @@ class RouterMetrics:
     def rejected(self, reason: str) -> None:
         self.rejections[reason] += 1
 
-    def batch(self, stage: str, size: int) -> None:
-        self.batch_size[stage].observe(size)
-
     def service_time(self, stage: str, seconds: float) -> None:
         self.service[stage].observe(seconds)
 
@@ -173,47 +206,93 @@ class _HotPathCollector(Collector):
         self._m = metrics
 
     def collect(self) -> Iterable[Metric]:
-        m, p = self._m, self._m.pipeline
+        m, p, created = self._m, self._m.pipeline, self._m.created
         requests = CounterMetricFamily(
             "sloline_requests", "Requests answered, by status code.", labels=["pipeline", "code"]
         )
         for code, count in sorted(m.codes.items()):
-            requests.add_metric([p, str(code)], count)
+            requests.add_metric([p, str(code)], count, created=created)
         latency = HistogramMetricFamily(
             "sloline_request_latency_seconds",
             "End-to-end latency of answered requests.",
             labels=["pipeline"],
         )
-        latency.add_metric([p], m.latency.buckets(), m.latency.sum)
+        admission = HistogramMetricFamily(
+            "sloline_request_admission_seconds",
+            "Per admitted request, the router's receipt to its admission: request checks, "
+            "arrival bookkeeping and the admission estimate (the wait before the router "
+            "receives it is in sloline_event_loop_lag_seconds).",
+            labels=["pipeline"],
+        )
+        lag = HistogramMetricFamily(
+            "sloline_event_loop_lag_seconds",
+            "How late the router's event loop woke a periodic timer.",
+            labels=["pipeline"],
+        )
+        for family, series in ((latency, m.latency), (admission, m.admission), (lag, m.loop_lag)):
+            family.add_metric([p], series.buckets(), series.sum)
+            _created(family, {"pipeline": p}, created)
         miss = CounterMetricFamily(
             "sloline_slo_miss", "Requests slower than the SLO or failed.", labels=["pipeline"]
         )
-        miss.add_metric([p], m.slo_miss)
-        batch = HistogramMetricFamily(
-            "sloline_stage_batch_size", "Items per dispatched batch.", labels=["pipeline", "stage"]
+        miss.add_metric([p], m.slo_miss, created=created)
+        per_stage = (
+            (
+                HistogramMetricFamily(
+                    "sloline_stage_queue_wait_seconds",
+                    "Per item, the wait in the stage queue: enqueued to dispatched to a worker.",
+                    labels=["pipeline", "stage"],
+                ),
+                m.queue_wait,
+            ),
+            (
+                HistogramMetricFamily(
+                    "sloline_stage_batch_size",
+                    "Items per dispatched batch.",
+                    labels=["pipeline", "stage"],
+                ),
+                m.batch_size,
+            ),
+            (
+                HistogramMetricFamily(
+                    "sloline_stage_service_seconds",
+                    "Model time per batch, measured in the worker.",
+                    labels=["pipeline", "stage"],
+                ),
+                m.service,
+            ),
         )
-        service = HistogramMetricFamily(
-            "sloline_stage_service_seconds",
-            "Model time per batch, measured in the worker.",
-            labels=["pipeline", "stage"],
-        )
-        for stage, series in m.batch_size.items():
-            batch.add_metric([p, stage], series.buckets(), series.sum)
-            service.add_metric([p, stage], m.service[stage].buckets(), m.service[stage].sum)
+        for family, by_stage in per_stage:
+            for stage, series in by_stage.items():
+                family.add_metric([p, stage], series.buckets(), series.sum)
+                _created(family, {"pipeline": p, "stage": stage}, created)
         rejected = CounterMetricFamily(
             "sloline_admission_rejected",
             "Requests shed with 503, by reason (also counted in sloline_requests_total).",
             labels=["pipeline", "reason"],
         )
         for reason, count in m.rejections.items():
-            rejected.add_metric([p, reason], count)
-        lag = HistogramMetricFamily(
-            "sloline_event_loop_lag_seconds",
-            "How late the router's event loop woke a periodic timer.",
-            labels=["pipeline"],
-        )
-        lag.add_metric([p], m.loop_lag.buckets(), m.loop_lag.sum)
-        return [requests, latency, miss, batch, service, rejected, lag]
+            rejected.add_metric([p, reason], count, created=created)
+        return [requests, latency, admission, miss, *(f for f, _ in per_stage), rejected, lag]
+
+
+def _envelope_families(
+    name: str,
+    help_rate: str,
+    help_window: str,
+    pipeline: str,
+    windows: Iterable[tuple[float, float]],
+) -> list[GaugeMetricFamily]:
+    """A traffic envelope as two gauges keyed by the window's index (shortest first): its
+    rate and its window size."""
+    rate = GaugeMetricFamily(
+        f"{name}_requests_per_second", help_rate, labels=["pipeline", "window"]
+    )
+    size = GaugeMetricFamily(f"{name}_window_seconds", help_window, labels=["pipeline", "window"])
+    for i, (window_s, rps) in enumerate(sorted(windows)):
+        rate.add_metric([pipeline, str(i)], rps)
+        size.add_metric([pipeline, str(i)], window_s)
+    return [rate, size]
 
 
 class StateCollector(Collector):
@@ -263,15 +342,15 @@ class StateCollector(Collector):
         )
         for stage, dollars in self._cost().items():
             cost.add_metric([p, stage], dollars)
-        envelope = GaugeMetricFamily(
-            "sloline_arrival_envelope_rps",
-            "Max arrival rate in any window of this size over "
-            "the recent look-back (traffic envelope, InferLine §5).",
-            labels=["pipeline", "window_s"],
+        envelope = _envelope_families(
+            "sloline_arrival_envelope",
+            "Max arrival rate in any window of this size over the recent look-back "
+            "(traffic envelope, InferLine §5); window 0 is the shortest.",
+            "Size of each window of sloline_arrival_envelope_requests_per_second.",
+            p,
+            self._envelope().items(),
         )
-        for window_s, rate in self._envelope().items():
-            envelope.add_metric([p, window_label(window_s)], rate)
-        return [queue, replicas, cost, envelope]
+        return [queue, replicas, cost, *envelope]
 
 
 class TargetCollector(Collector):
@@ -301,40 +380,46 @@ class TargetCollector(Collector):
             labels=["pipeline"],
         )
         percentile.add_metric([p], self._percentile)
-        planned = GaugeMetricFamily(
-            "sloline_planned_envelope_rps",
+        planned = _envelope_families(
+            "sloline_planned_envelope",
             "Max arrival rate per window size in the planning trace (the planned traffic "
-            "envelope; compare with sloline_arrival_envelope_rps).",
-            labels=["pipeline", "window_s"],
+            "envelope; compare with sloline_arrival_envelope_requests_per_second).",
+            "Size of each window of sloline_planned_envelope_requests_per_second.",
+            p,
+            ()
+            if self._planned is None
+            else zip(self._planned.windows_s, self._planned.rates_rps, strict=True),
         )
-        if self._planned is not None:
-            for window_s, rate in zip(
-                self._planned.windows_s, self._planned.rates_rps, strict=True
-            ):
-                planned.add_metric([p, window_label(window_s)], rate)
-        return [slo, percentile, planned]
+        return [slo, percentile, *planned]
 
 
 class TunerMetrics:
     """The tuner's decision counter. One per registry: every pipeline a process tunes
-    (one in the embedded mode, many in the operator) records through it."""
+    (one in the embedded mode, many in the operator) records through it. The operator's
+    series carry the pipeline's ``namespace`` (`namespaced`); a router's get it from the
+    scrape."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, namespaced: bool = False) -> None:
+        labels = ["pipeline", "stage", "direction"]
         self.decisions = Counter(
             "sloline_tuner_decisions",
             "Replica changes the tuner applied, by direction (up or down).",
-            ["pipeline", "stage", "direction"],
+            ["namespace", *labels] if namespaced else labels,
             registry=registry,
         )
 
-    def recorder(self, pipeline: str, stages: Iterable[str]) -> Callable[[Decision], None]:
-        """The ``on_decision`` callback of ``pipeline``'s tuner; its series start at 0."""
+    def recorder(
+        self, pipeline: str, stages: Iterable[str], *, namespace: str | None = None
+    ) -> Callable[[Decision], None]:
+        """The ``on_decision`` callback of ``pipeline``'s tuner (in ``namespace`` for a
+        namespaced counter); its series start at 0."""
+        scope = (pipeline,) if namespace is None else (namespace, pipeline)
         for stage in stages:
             for direction in ("up", "down"):
-                self.decisions.labels(pipeline, stage, direction)
+                self.decisions.labels(*scope, stage, direction)
 
         def record(decision: Decision) -> None:
             direction = "up" if decision.is_scale_up else "down"
-            self.decisions.labels(pipeline, decision.stage, direction).inc()
+            self.decisions.labels(*scope, decision.stage, direction).inc()
 
         return record

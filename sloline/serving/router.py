@@ -230,6 +230,7 @@ class Router:
         anything else propagates (the front door logs it and answers 500), and either
         way the request's queued work is dropped.
         """
+        received = self.clock()
         checks = self.checks
         checks.model(request.model_name, request.model_version)
         inputs, batched = checks.inputs(request.inputs)
@@ -242,6 +243,7 @@ class Router:
         if self._on_arrival is not None:
             self._on_arrival(now)
         self._admit(timeout_s, request.parameters)
+        self.metrics.admission.observe(self.clock() - received)
         state: _Request | None = None
         timer: asyncio.TimerHandle | None = None
         if self._inflight == 0:
@@ -354,7 +356,10 @@ class Router:
             conn.send(
                 wire.batch_message(dispatch.batch_id, [item.inputs for item in dispatch.items])
             )
-            self.metrics.batch(queue.stage, len(dispatch.items))
+            self.metrics.batch_size[queue.stage].observe(len(dispatch.items))
+            waits = self.metrics.queue_wait[queue.stage]
+            for item in dispatch.items:
+                waits.observe(now - item.enqueued_at)
         for item in step.expired:
             item.request.fail(
                 DeadlineExceeded(f"deadline passed while queued at stage {queue.stage!r}")

@@ -8,10 +8,13 @@ arrival rates and replica counts. A :class:`MetricSource` supplies the first two
 sets replica counts. :class:`Tuner` is the thin async loop that joins them: observe,
 build a :class:`TunerContext`, call :func:`decide`, apply, log each decision's reason.
 
-Prometheus series read (exported by the router):
+Prometheus series read (exported by the router; every query selects the pipeline's
+``namespace``, the scrape's target label on Kubernetes, as well as its ``pipeline``):
 
-- ``sloline_arrival_envelope_rps{pipeline, window_s}``: gauge, max arrival rate per
-  window size over the router's recent look-back;
+- ``sloline_arrival_envelope_requests_per_second{pipeline, window}``: gauge, max arrival
+  rate per window over the router's recent look-back, and
+  ``sloline_arrival_envelope_window_seconds{pipeline, window}``, each window's size
+  (``window`` is the window's index, ``"0"`` the shortest);
 - ``sloline_requests_total{pipeline, code}``: counter of all requests, any outcome;
 - ``sloline_stage_replicas{pipeline, stage, state="desired|ready"}``: gauge.
 """
@@ -55,12 +58,13 @@ __all__ = [
     "StageTuning",
     "StreamingSource",
     "Tuner",
+    "pipeline_selector",
     "stage_tunings",
     "urllib_get_json",
 ]
 
 _LOG = logging.getLogger(__name__)
-_MATCH_TOL = 1e-4  # window labels may be printed with 6 significant digits
+_MATCH_TOL = 1e-4  # window sizes pass through Prometheus' float formatting
 
 GetJson = Callable[[str, Mapping[str, str]], Mapping[str, Any]]
 """``get_json(url, params) -> decoded JSON body``: the injectable HTTP GET."""
@@ -133,6 +137,12 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def pipeline_selector(namespace: str, pipeline: str) -> str:
+    """The PromQL label matchers of one pipeline's series: its namespace and its name
+    (pipelines of the same name in two namespaces are two pipelines)."""
+    return f'namespace="{_label(namespace)}", pipeline="{_label(pipeline)}"'
+
+
 def _duration(seconds: float) -> str:
     millis = max(1, round(seconds * 1000))
     return f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
@@ -141,14 +151,17 @@ def _duration(seconds: float) -> str:
 class PrometheusSource:
     """Observations from a Prometheus server's HTTP API (``/api/v1/query``), §5.
 
-    - envelope: ``sum by (window_s) (max_over_time(sloline_arrival_envelope_rps{pipeline}
-      [lookback]))`` — with several router replicas the sum of their envelopes bounds the
-      envelope of the total stream from above (conservative for scale-up);
-    - λ series: ``sum(rate(sloline_requests_total{pipeline}[rate_window]))
+    - envelope: ``sum by (window) (max_over_time(
+      sloline_arrival_envelope_requests_per_second{namespace, pipeline}[lookback]))`` —
+      with several router replicas the sum of their envelopes bounds the envelope of the
+      total stream from above (conservative for scale-up) — and each window's size,
+      ``max by (window) (sloline_arrival_envelope_window_seconds{namespace, pipeline})``;
+    - λ series: ``sum(rate(sloline_requests_total{namespace, pipeline}[rate_window]))
       [lambda_lookback:lambda_window]`` — one value per λ window. ``rate`` needs two
       samples in ``rate_window``: scrape the router at least every ``rate_window / 2``
       (1 s scrapes for the 5 s default) or pass a longer ``lambda_rate_window_s``;
-    - ready replicas: ``max by (stage) (sloline_stage_replicas{pipeline, state="ready"})``.
+    - ready replicas: ``max by (stage) (sloline_stage_replicas{namespace, pipeline,
+      state="ready"})``.
 
     ``get_json`` is the HTTP client (blocking; run in a worker thread), injectable for
     tests. A window the router does not export reads as 0 rps; if the router exports
@@ -158,6 +171,7 @@ class PrometheusSource:
     def __init__(
         self,
         base_url: str,
+        namespace: str,
         pipeline: str,
         *,
         windows_s: Sequence[float],
@@ -170,11 +184,15 @@ class PrometheusSource:
         self._url = base_url.rstrip("/") + "/api/v1/query"
         self._windows_s = tuple(float(w) for w in windows_s)
         self._get_json = get_json
-        selector = f'pipeline="{_label(pipeline)}"'
+        selector = pipeline_selector(namespace, pipeline)
         rate_window = lambda_window_s if lambda_rate_window_s is None else lambda_rate_window_s
         self.envelope_query = (
-            f"sum by (window_s) (max_over_time(sloline_arrival_envelope_rps{{{selector}}}"
+            "sum by (window) (max_over_time("
+            f"sloline_arrival_envelope_requests_per_second{{{selector}}}"
             f"[{_duration(lookback_s)}]))"
+        )
+        self.windows_query = (
+            f"max by (window) (sloline_arrival_envelope_window_seconds{{{selector}}})"
         )
         self.lambda_query = (
             f"sum(rate(sloline_requests_total{{{selector}}}[{_duration(rate_window)}]))"
@@ -183,15 +201,16 @@ class PrometheusSource:
         self.ready_query = f'max by (stage) (sloline_stage_replicas{{{selector}, state="ready"}})'
 
     async def observe(self, now_s: float) -> MetricSnapshot:
-        """Run the three queries (Prometheus evaluates them at its own current time)."""
+        """Run the four queries (Prometheus evaluates them at its own current time)."""
         del now_s  # Prometheus time is wall-clock; the tuner's clock is monotonic
-        envelope, lambdas, ready = await asyncio.gather(
+        envelope, windows, lambdas, ready = await asyncio.gather(
             asyncio.to_thread(self._query, self.envelope_query),
+            asyncio.to_thread(self._query, self.windows_query),
             asyncio.to_thread(self._query, self.lambda_query),
             asyncio.to_thread(self._query, self.ready_query),
         )
         return MetricSnapshot(
-            self._envelope(envelope),
+            self._envelope(envelope, windows),
             self._lambdas(lambdas),
             {s["metric"].get("stage", ""): int(float(s["value"][1])) for s in ready},
         )
@@ -209,12 +228,14 @@ class PrometheusSource:
             raise PrometheusError(f"unexpected Prometheus response to {promql}: {body}") from exc
         return result
 
-    def _envelope(self, series: list[dict[str, Any]]) -> Envelope:
+    def _envelope(self, series: list[dict[str, Any]], windows: list[dict[str, Any]]) -> Envelope:
         rates = [0.0] * len(self._windows_s)
-        exported: list[float] = []
+        sizes = {s["metric"].get("window", ""): float(s["value"][1]) for s in windows}
+        exported = sorted(sizes.values())
         for item in series:
-            window = float(item["metric"]["window_s"])
-            exported.append(window)
+            window = sizes.get(item["metric"].get("window", ""))
+            if window is None:  # its size is no longer exported: a window of an old plan
+                continue
             for i, ours in enumerate(self._windows_s):
                 if math.isclose(window, ours, rel_tol=_MATCH_TOL):
                     rates[i] = _finite(item["value"][1])
@@ -222,7 +243,7 @@ class PrometheusSource:
             math.isclose(w, ours, rel_tol=_MATCH_TOL) for w in exported for ours in self._windows_s
         ):
             raise ValueError(
-                f"the router exports envelope windows {sorted(exported)} but the tuner "
+                f"the router exports envelope windows {exported} but the tuner "
                 f"expects {self._windows_s}; both must use the plan's window base T_s"
             )
         return Envelope(self._windows_s, tuple(rates))

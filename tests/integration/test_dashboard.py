@@ -1,6 +1,8 @@
 """Every query of the shipped Grafana dashboard returns data from a real Prometheus that
 scrapes a running embedded pipeline under load: panels, the tuner annotation and the
-template variables, with Grafana's variables replaced as Grafana would."""
+template variables, with Grafana's variables replaced as Grafana would. The same scrape
+shows every per-stage and per-request series moving, the default collectors, and no
+label value derived from a float."""
 
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ from typing import Any
 
 import numpy as np
 import tritonclient.http as httpclient
+from prometheus_client import CollectorRegistry, start_http_server
 from tritonclient.utils import InferenceServerException
 
-from sloline.common.envelope import window_label
 from sloline.measure.session import PlanningSession
+from sloline.operator.metrics import OperatorMetrics
 from tests.integration.test_tuner_live import open_loop
 from tests.support.net import free_port
 from tests.support.prometheus import Prometheus
@@ -89,13 +92,111 @@ def _deadline_misses(url: str, count: int) -> None:
     assert failed == count
 
 
+def _operator_activity(metrics: OperatorMetrics, stop: threading.Event) -> None:
+    """What an operator reconciling team-a's pipelines records, through the operator's
+    own metrics class (the operator itself needs a Kubernetes API: tests/integration/
+    test_operator.py checks its series there)."""
+    while not stop.wait(0.2):
+        started = time.perf_counter()
+        metrics.jobs_started.labels("team-a").inc(2)
+        metrics.jobs_finished.labels("team-a", "succeeded").inc()
+        metrics.jobs_finished.labels("team-a", "failed").inc()
+        metrics.plan_seconds.labels("team-a").observe(0.05)
+        metrics.reconciled("team-a", "waiting", started)
+        metrics.reconciled("team-a", "failed", started, "Infeasible")
+
+
+# Per-stage and per-request series that must move under load, and the default collectors.
+MOVING = (
+    'increase(sloline_stage_queue_wait_seconds_count{stage="parse"}[RANGE])',
+    'increase(sloline_stage_queue_wait_seconds_count{stage="slow"}[RANGE])',
+    'increase(sloline_stage_queue_wait_seconds_sum{stage="slow"}[RANGE])',
+    'increase(sloline_stage_service_seconds_count{stage="slow"}[RANGE])',
+    'increase(sloline_stage_batch_size_count{stage="slow"}[RANGE])',
+    "increase(sloline_request_admission_seconds_count[RANGE])",
+    "increase(sloline_request_admission_seconds_sum[RANGE])",
+    "increase(sloline_event_loop_lag_seconds_count[RANGE])",
+    "max_over_time(sloline_arrival_envelope_requests_per_second[RANGE])",
+    "sloline_arrival_envelope_window_seconds",
+    "sloline_planned_envelope_window_seconds",
+    "sloline_requests_created",
+    "sloline_stage_queue_wait_seconds_created",
+    'increase(process_cpu_seconds_total{job="sloline"}[RANGE])',
+    'python_info{job="sloline"}',
+    'increase(sloline_operator_reconciles_total{result="waiting"}[RANGE])',
+    "increase(sloline_operator_reconcile_duration_seconds_count[RANGE])",
+    "increase(sloline_operator_profiling_jobs_started_total[RANGE])",
+    "increase(sloline_operator_plan_duration_seconds_count[RANGE])",
+)
+
+
+def _moving(prometheus: Prometheus, window: str, at: float) -> list[str]:
+    """The MOVING queries with no series above 0 in `window` before `at`."""
+    still = []
+    for query in MOVING:
+        expr = query.replace("RANGE", window)
+        result = _api(prometheus, "query", query=f"({expr}) > 0", time=str(at))["result"]
+        if not result:
+            still.append(expr)
+    return still
+
+
+def _float_labels(prometheus: Prometheus, start: float) -> list[str]:
+    """Label values of sloline's scraped series that parse as a number, other than `le`,
+    `quantile`, status codes and window indexes (small integers)."""
+    series = _api(
+        prometheus, "series", **{"match[]": '{__name__=~"sloline_.+"}', "start": str(start)}
+    )
+    assert len(series) > 50
+    found = []
+    for labels in series:
+        for label, value in labels.items():
+            if label in ("le", "quantile") or label == "__name__":
+                continue
+            try:
+                float(value)
+            except ValueError:
+                continue
+            if not (label in ("code", "window") and value.isdigit() and len(value) <= 3):
+                found.append(f"{labels['__name__']}{{{label}={value!r}}}")
+    return found
+
+
 def test_every_dashboard_query_returns_data(
     tmp_path: Path, sleepy_session: PlanningSession
 ) -> None:
     board = json.loads(DASHBOARD.read_text())
     plan = sleepy_session.plan
+    registry = CollectorRegistry()
+    operator_metrics = OperatorMetrics(registry)
+    operator_port, stop = free_port(), threading.Event()
+    server, _ = start_http_server(operator_port, addr="127.0.0.1", registry=registry)
+    activity = threading.Thread(target=_operator_activity, args=(operator_metrics, stop))
+    activity.start()
     with BackgroundPipeline(SLEEPY, plan=plan, tuner=TUNER) as served:
-        prometheus = Prometheus(tmp_path, [served.http_url], free_port())
+        prometheus = Prometheus(
+            tmp_path,
+            [],
+            free_port(),
+            scrape_configs=[
+                {
+                    "job_name": "sloline",
+                    "static_configs": [
+                        {"targets": [served.http_url], "labels": {"namespace": "team-a"}}
+                    ],
+                },
+                {  # as the chart's ServiceMonitor for the operator: its labels win
+                    "job_name": "sloline-operator",
+                    "honor_labels": True,
+                    "static_configs": [
+                        {
+                            "targets": [f"127.0.0.1:{operator_port}"],
+                            "labels": {"namespace": "sloline-system"},
+                        }
+                    ],
+                },
+            ],
+        )
         try:
             prometheus.wait_ready()
             _wait_for(prometheus, 'sloline_slo_seconds{pipeline="sleepy"}')
@@ -117,12 +218,15 @@ def test_every_dashboard_query_returns_data(
             variables = {
                 "pipeline": "sleepy",
                 "stage": "(parse|slow)",  # Grafana's value of a multi-value "All"
-                "window": window_label(plan.envelope.windows_s[-1]),  # sort: numerical desc
+                "namespace": "(team-a)",  # Grafana's value of a multi-value "All"
+                "window": str(len(plan.envelope.windows_s) - 1),  # sort: numerical desc
                 "__rate_interval": RATE_INTERVAL,
                 "__range": f"{math.ceil(end - start)}s",
                 "datasource": "unused",
             }
-            empty = []
+            empty: list[Any] = []
+            still: list[str] = []
+            floats: list[str] = []
             for panel in board["panels"]:
                 for target in panel.get("targets", []):
                     expr = _expand(target["expr"], variables)
@@ -148,6 +252,8 @@ def test_every_dashboard_query_returns_data(
                 )["result"]
                 if not result:
                     empty.append(("annotation " + annotation["name"], expr, result))
+            still.extend(_moving(prometheus, f"{math.ceil(end - start)}s", end))
+            floats.extend(_float_labels(prometheus, start))
             for variable in board["templating"]["list"]:
                 if variable["type"] != "query":
                     continue
@@ -162,4 +268,9 @@ def test_every_dashboard_query_returns_data(
                     empty.append(("variable " + variable["name"], selector, values))
         finally:
             prometheus.stop()
+            stop.set()
+            activity.join()
+            server.shutdown()
     assert not empty, "queries without data:\n" + "\n".join(map(str, empty))
+    assert not still, f"series that did not move under load: {still}"
+    assert not floats, f"label values that are floats: {floats}"

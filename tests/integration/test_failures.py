@@ -139,14 +139,37 @@ def test_metrics_names_and_histogram_count(noop: BackgroundPipeline) -> None:
         "sloline_requests_total",
         "sloline_request_latency_seconds_bucket",
         "sloline_slo_miss_total",
-        "sloline_arrival_envelope_rps",
+        "sloline_arrival_envelope_requests_per_second",
+        "sloline_arrival_envelope_window_seconds",
+        "sloline_request_admission_seconds_bucket",
         "sloline_stage_queue_length",
+        "sloline_stage_queue_wait_seconds_bucket",
         "sloline_stage_batch_size_bucket",
         "sloline_stage_service_seconds_bucket",
         "sloline_stage_replicas",
         "sloline_stage_cost_per_hour",
     ]:
         assert re.search(rf"^{name}\{{", text, re.M), f"{name} missing from /metrics"
+
+    def total(family: str, text: str) -> float:
+        return sum(float(v) for v in re.findall(rf"^{family}\{{[^}}]*\}} (\S+)$", text, re.M))
+
+    stages = len(noop.p.router.queues)
+    # Every request is admitted once and queued once per stage.
+    assert (
+        total("sloline_request_admission_seconds_count", text)
+        - total("sloline_request_admission_seconds_count", before)
+        == 25
+    )
+    assert (
+        total("sloline_stage_queue_wait_seconds_count", text)
+        - total("sloline_stage_queue_wait_seconds_count", before)
+        == 25 * stages
+    )
+    for created in ("sloline_requests_created", "sloline_stage_queue_wait_seconds_created"):
+        assert re.search(rf"^{created}\{{", text, re.M), f"{created} missing from /metrics"
+    for default in ("process_cpu_seconds_total", "python_info"):
+        assert re.search(rf"^{default}[{{ ]", text, re.M), f"{default} missing from /metrics"
 
 
 def test_worker_crash_retried_once_then_failed_explicitly() -> None:

@@ -31,9 +31,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from sloline.operator.handlers import build_registry, kopf_settings
 from sloline.operator.kube import KubeApi
+from sloline.operator.metrics import OperatorMetrics
 from sloline.operator.reconcile import OperatorContext, reconcile
 from sloline.operator.settings import OperatorSettings, parse_settings
-from sloline.operator.tuner import OperatorMetrics
 from sloline.planner.plan import Plan
 from sloline.serving.metrics import RouterMetrics, StateCollector
 from tests.support.kube import KubeEmulator
@@ -64,8 +64,12 @@ def operator(
     kube: KubeEmulator, settings: OperatorSettings, metrics: OperatorMetrics | None = None
 ) -> Iterator[KopfRunner]:
     """`sloline operator` as kopf runs it, in a thread, for the block."""
-    context = OperatorContext(KubeApi.connect(str(kube.kubeconfig_path)), settings)
-    registry = build_registry(context, metrics or OperatorMetrics(CollectorRegistry()))
+    context = OperatorContext(
+        KubeApi.connect(str(kube.kubeconfig_path)),
+        settings,
+        metrics=metrics or OperatorMetrics(CollectorRegistry()),
+    )
+    registry = build_registry(context)
     args = ["run", "--standalone", "--namespace", NS]
     with KopfRunner(args, registry=registry, settings=kopf_settings(quick=True)) as runner:
         yield runner
@@ -545,11 +549,13 @@ def test_tuner_daemon_scales_a_worker_on_a_burst(cluster: KubeEmulator, tmp_path
         assert scaled_up[0]["type"] == "Normal"
         stage = scaled[0]["metadata"]["labels"]["sloline.dev/stage"]
         up = registry.get_sample_value(
-            "sloline_tuner_decisions_total", {"pipeline": "noop", "stage": stage, "direction": "up"}
+            "sloline_tuner_decisions_total",
+            {"namespace": NS, "pipeline": "noop", "stage": stage, "direction": "up"},
         )
         assert up is not None and up >= 1
         desired = registry.get_sample_value(
-            "sloline_stage_replicas", {"pipeline": "noop", "stage": stage, "state": "desired"}
+            "sloline_stage_replicas",
+            {"namespace": NS, "pipeline": "noop", "stage": stage, "state": "desired"},
         )
         assert desired == kube.get("deployments", NS, f"noop-{stage}")["spec"]["replicas"]
         assert kube.get(PIPELINE, NS, "noop")["metadata"]["finalizers"] == ["sloline.dev/operator"]

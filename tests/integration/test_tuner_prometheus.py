@@ -44,12 +44,28 @@ def test_prometheus_source_matches_live_feed(
         return {d.stage: d.to_replicas for d in decide(context, settings).decisions}
 
     with BackgroundPipeline(SLEEPY, plan=plan, run_tuner=False) as served:
-        prometheus = Prometheus(tmp_path, [served.http_url], free_port())
+        prometheus = Prometheus(
+            tmp_path,
+            [],
+            free_port(),
+            scrape_configs=[
+                {
+                    "job_name": "sloline",
+                    "static_configs": [
+                        {"targets": [served.http_url], "labels": {"namespace": "team-a"}}
+                    ],
+                }
+            ],
+        )
         try:
             prometheus.wait_ready()
             live = StreamingSource(served.p.envelope, lookback_s=LOOKBACK_S)
             remote = PrometheusSource(
-                prometheus.url, "sleepy", windows_s=windows, lookback_s=LOOKBACK_S - 1.0
+                prometheus.url,
+                "team-a",
+                "sleepy",
+                windows_s=windows,
+                lookback_s=LOOKBACK_S - 1.0,
             )
             load = threading.Thread(
                 target=lambda: asyncio.run(

@@ -98,3 +98,17 @@ def test_every_panel_and_query_is_documented() -> None:
         assert panel["title"] in docs, f"panel {panel['title']!r} is not in docs/operations.md"
     for expr in _exprs():
         assert f"`{expr}`" in docs, f"docs/operations.md lacks the query {expr}"
+
+
+def test_every_query_selects_the_namespace() -> None:
+    """Pipelines of the same name in two namespaces stay apart on every panel."""
+    namespace_variable = "label_values(sloline_requests_total, namespace)"
+    for expr in _exprs():
+        if expr == namespace_variable:
+            continue
+        selectors = re.findall(r"\bsloline_\w+\{([^}]*)\}", expr)
+        assert selectors, expr
+        for selector in selectors:
+            assert 'namespace=~"$namespace"' in selector, expr
+        for by in re.findall(r"\bby \(([^)]*)\)", expr):
+            assert by.startswith("namespace"), f"by ({by}) mixes namespaces in {expr}"

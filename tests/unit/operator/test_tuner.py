@@ -41,6 +41,6 @@ def test_attainment_text_and_query() -> None:
     assert format_attainment(0.99523) == "99.52%"
     assert format_attainment(1.0000001) == "100.00%"
     assert format_attainment(math.nan) is None
-    query = attainment_query("noop")
-    assert 'sloline_slo_miss_total{pipeline="noop"}[5m]' in query
-    assert 'sloline_requests_total{pipeline="noop"}[5m]' in query
+    query = attainment_query("team-a", "noop")
+    assert 'sloline_slo_miss_total{namespace="team-a", pipeline="noop"}[5m]' in query
+    assert 'sloline_requests_total{namespace="team-a", pipeline="noop"}[5m]' in query

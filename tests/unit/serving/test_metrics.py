@@ -10,13 +10,16 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sloline.common.envelope import Envelope, StreamingEnvelope, window_label, window_sizes
+from sloline.common.envelope import Envelope, StreamingEnvelope, window_sizes
+from sloline.operator.metrics import OperatorMetrics
 from sloline.serving.metrics import (
     LATENCY_BUCKETS_S,
     RouterMetrics,
+    StateCollector,
     TargetCollector,
     TunerMetrics,
     latency_buckets,
+    new_registry,
 )
 from sloline.tuner.policy import Decision, TunerSettings
 from sloline.tuner.sources import StageTuning, StreamingSource, Tuner
@@ -30,16 +33,23 @@ def test_targets_export_slo_and_planned_envelope_with_the_observed_window_labels
     windows = window_sizes(0.05, 1.0)
     planned = Envelope(windows, tuple(100.0 / (i + 1) for i in range(len(windows))))
     registry.register(TargetCollector("p", 0.25, 99.5, planned))
+    observed = StreamingEnvelope(windows, start_s=0.0)
+    registry.register(
+        StateCollector(
+            "p", dict, dict, dict, dict, lambda: dict.fromkeys(reversed(observed.windows_s), 1.0)
+        )
+    )
     assert registry.get_sample_value("sloline_slo_seconds", {"pipeline": "p"}) == 0.25
     assert registry.get_sample_value("sloline_slo_percentile", {"pipeline": "p"}) == 99.5
-    for window, rate in zip(planned.windows_s, planned.rates_rps, strict=True):
-        labels = {"pipeline": "p", "window_s": window_label(window)}
-        assert registry.get_sample_value("sloline_planned_envelope_rps", labels) == rate
-    # The same labels as the router's observed envelope, so the two divide window by window.
-    observed = StreamingEnvelope(windows, start_s=0.0)
-    assert [window_label(w) for w in observed.windows_s] == [
-        window_label(w) for w in planned.windows_s
-    ]
+    for i, (window, rate) in enumerate(zip(planned.windows_s, planned.rates_rps, strict=True)):
+        # The window's index is the label (shortest first), its size a value: the same
+        # labels as the router's observed envelope, so the two divide window by window.
+        labels = {"pipeline": "p", "window": str(i)}
+        get = registry.get_sample_value
+        assert get("sloline_planned_envelope_requests_per_second", labels) == rate
+        assert get("sloline_planned_envelope_window_seconds", labels) == window
+        assert get("sloline_arrival_envelope_requests_per_second", labels) == 1.0
+        assert get("sloline_arrival_envelope_window_seconds", labels) == window
 
 
 def test_targets_without_a_plan_export_no_planned_envelope() -> None:
@@ -47,7 +57,8 @@ def test_targets_without_a_plan_export_no_planned_envelope() -> None:
     registry.register(TargetCollector("p", 0.1, 99.0))
     assert registry.get_sample_value("sloline_slo_seconds", {"pipeline": "p"}) == 0.1
     families = {m.name: m for m in registry.collect()}
-    assert families["sloline_planned_envelope_rps"].samples == []
+    assert families["sloline_planned_envelope_requests_per_second"].samples == []
+    assert families["sloline_planned_envelope_window_seconds"].samples == []
 
 
 @pytest.mark.parametrize(("slo_s", "added"), [(0.25, False), (0.123, True), (None, False)])
@@ -155,3 +166,74 @@ def test_metric_reference_lists_every_metric() -> None:
     for name, kind in exported.items():
         assert name in rows, f"{name} is missing from the metric reference in docs/operations.md"
         assert rows[name] == kind, f"{name} is a {kind}, the reference says {rows[name]}"
+
+
+def _busy_registry() -> CollectorRegistry:
+    """Every family of a router (and its tuner in the embedded mode), each with data."""
+    registry = new_registry()
+    metrics = RouterMetrics("p", ["a"], registry, slo_s=0.1)
+    metrics.answered(200, 0.05, 0.1)
+    metrics.rejected("deadline")
+    metrics.admission.observe(0.0001)
+    metrics.queue_wait["a"].observe(0.002)
+    metrics.batch_size["a"].observe(3)
+    metrics.service_time("a", 0.004)
+    windows = window_sizes(0.0058055629, 1.0)  # window sizes that print as long floats
+    registry.register(
+        StateCollector(
+            "p",
+            lambda: {"a": 1},
+            lambda: {"a": 1},
+            lambda: {"a": 2},
+            lambda: {"a": 0.25},
+            lambda: dict.fromkeys(windows, 1.5),
+        )
+    )
+    registry.register(TargetCollector("p", 0.1, 99.0, Envelope(windows, (2.0,) * len(windows))))
+    TunerMetrics(registry).recorder("p", ["a"])(Decision("a", 1, 2, "burst"))
+    return registry
+
+
+def _all_samples() -> list[tuple[str, dict[str, str]]]:
+    """Every sample of a busy router's registry and of the operator's."""
+    router = _busy_registry()
+    operator = CollectorRegistry()
+    metrics = OperatorMetrics(operator)
+    metrics.desired("ns", "p", "a", 2)
+    metrics.tuner.recorder("p", ["a"], namespace="ns")(Decision("a", 1, 2, "burst"))
+    metrics.reconciled("ns", "ok", 0.0)
+    metrics.reconciled("ns", "failed", 0.0, "InvalidSpec")
+    metrics.jobs_started.labels("ns").inc()
+    metrics.plan_seconds.labels("ns").observe(0.3)
+    return [(s.name, s.labels) for r in (router, operator) for m in r.collect() for s in m.samples]
+
+
+def test_no_label_value_is_a_number_derived_from_a_float() -> None:
+    """Label values are names and codes: a float-derived value (a window size, a rate)
+    would make a new series whenever it changes. Only `le`, `quantile` and small integers
+    (status codes, window indexes) parse as numbers."""
+    samples = [(n, labels) for n, labels in _all_samples() if n.startswith("sloline_")]
+    assert len(samples) > 50  # (python_info's version labels are the platform collector's)
+    for name, labels in samples:
+        for label, value in labels.items():
+            if label in ("le", "quantile"):
+                continue
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            assert re.fullmatch(r"\d{1,3}", value), f"{name}{{{label}={value!r}}} is a float"
+            assert label in ("code", "window"), (name, label, number)
+
+
+def test_every_counter_and_histogram_has_created_and_default_collectors_are_there() -> None:
+    registry = _busy_registry()
+    families = {m.name: m for m in registry.collect()}
+    for name, family in families.items():
+        if not name.startswith("sloline_") or family.type not in ("counter", "histogram"):
+            continue
+        names = {s.name for s in family.samples}
+        assert f"{name}_created" in names, f"{name} has no _created series"
+    assert "process_cpu_seconds" in families
+    assert "python_info" in families
+    assert "python_gc_objects_collected" in families

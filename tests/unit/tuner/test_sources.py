@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sloline.common.envelope import Envelope, StreamingEnvelope, window_label, window_sizes
+from sloline.common.envelope import Envelope, StreamingEnvelope, window_sizes
 from sloline.tuner.load_estimate import equivalent_rate, fluctuations
 from sloline.tuner.policy import TunerSettings
 from sloline.tuner.sources import (
@@ -36,11 +36,18 @@ def vector(*items: tuple[dict[str, str], float]) -> dict[str, Any]:
 
 
 class FakePrometheus:
-    """Answers the three tuner queries by the metric they name; records every call."""
+    """Answers the four tuner queries by the metric they name; records every call."""
 
-    def __init__(self, envelope: dict[str, Any], lambdas: dict[str, Any], ready: dict[str, Any]):
+    def __init__(
+        self,
+        envelope: dict[str, Any],
+        lambdas: dict[str, Any],
+        ready: dict[str, Any],
+        windows: dict[str, Any] | None = None,
+    ):
         self.answers = {
-            "sloline_arrival_envelope_rps": envelope,
+            "sloline_arrival_envelope_requests_per_second": envelope,
+            "sloline_arrival_envelope_window_seconds": envelope if windows is None else windows,
             "sloline_requests_total": lambdas,
             "sloline_stage_replicas": ready,
         }
@@ -63,22 +70,33 @@ READY = vector(({"stage": "resnet"}, 3), ({"stage": "bert"}, 1))
 
 async def test_prometheus_source_queries_and_parses() -> None:
     envelope = vector(
-        ({"window_s": window_label(0.25)}, 80.0),
-        ({"window_s": "8"}, 12.5),  # any float spelling matches
-        ({"window_s": f"{0.5 * (1 + 3e-6):g}"}, 7.0),  # 6 significant digits still match
-        ({"window_s": window_label(16.0)}, 9.0),  # exported but not planned: ignored
+        ({"window": "0"}, 80.0),
+        ({"window": "5"}, 12.5),
+        ({"window": "1"}, 7.0),
+        ({"window": "6"}, 9.0),  # exported but not planned: ignored
+        ({"window": "7"}, 3.0),  # its size is no longer exported (an old plan's): ignored
     )
-    fake = FakePrometheus(envelope, LAMBDAS, READY)
-    source = PrometheusSource("http://prom:9090/", 'my"pipe', windows_s=WINDOWS, get_json=fake)
+    windows = vector(
+        ({"window": "0"}, 0.25),
+        ({"window": "5"}, 8.0),
+        ({"window": "1"}, 0.5 * (1 + 3e-6)),  # a size through float formatting still matches
+        ({"window": "6"}, 16.0),
+    )
+    fake = FakePrometheus(envelope, LAMBDAS, READY, windows)
+    source = PrometheusSource(
+        "http://prom:9090/", "team-a", 'my"pipe', windows_s=WINDOWS, get_json=fake
+    )
 
     observation = await source.observe(123.0)
 
     assert {url for url, _ in fake.calls} == {"http://prom:9090/api/v1/query"}
+    selector = 'namespace="team-a", pipeline="my\\"pipe"'
     assert {p["query"] for _, p in fake.calls} == {
-        'sum by (window_s) (max_over_time(sloline_arrival_envelope_rps{pipeline="my\\"pipe"}'
-        "[60s]))",
-        'sum(rate(sloline_requests_total{pipeline="my\\"pipe"}[5s]))[30s:5s]',
-        'max by (stage) (sloline_stage_replicas{pipeline="my\\"pipe", state="ready"})',
+        "sum by (window) (max_over_time("
+        f"sloline_arrival_envelope_requests_per_second{{{selector}}}[60s]))",
+        f"max by (window) (sloline_arrival_envelope_window_seconds{{{selector}}})",
+        f"sum(rate(sloline_requests_total{{{selector}}}[5s]))[30s:5s]",
+        f'max by (stage) (sloline_stage_replicas{{{selector}, state="ready"}})',
     }
     assert observation.observed_envelope == Envelope(WINDOWS, (80.0, 7.0, 0.0, 0.0, 0.0, 12.5))
     assert observation.recent_lambdas_rps == (4.0, 6.0, 5.0)
@@ -87,14 +105,16 @@ async def test_prometheus_source_queries_and_parses() -> None:
 
 async def test_prometheus_source_before_any_data_sees_nothing() -> None:
     fake = FakePrometheus(vector(), vector(), vector())
-    source = PrometheusSource("http://p", "x", windows_s=WINDOWS, get_json=fake)
+    source = PrometheusSource("http://p", "ns", "x", windows_s=WINDOWS, get_json=fake)
     observation = await source.observe(0.0)
     assert observation == MetricSnapshot(Envelope(WINDOWS, (0.0,) * len(WINDOWS)), (), {})
 
 
 async def test_prometheus_source_rejects_mismatched_windows() -> None:
-    fake = FakePrometheus(vector(({"window_s": "0.3"}, 1.0)), LAMBDAS, READY)
-    source = PrometheusSource("http://p", "x", windows_s=WINDOWS, get_json=fake)
+    fake = FakePrometheus(
+        vector(({"window": "0"}, 1.0)), LAMBDAS, READY, vector(({"window": "0"}, 0.3))
+    )
+    source = PrometheusSource("http://p", "ns", "x", windows_s=WINDOWS, get_json=fake)
     with pytest.raises(ValueError, match="window base T_s"):
         await source.observe(0.0)
 
@@ -102,7 +122,7 @@ async def test_prometheus_source_rejects_mismatched_windows() -> None:
 async def test_prometheus_errors_carry_the_query() -> None:
     error = {"status": "error", "errorType": "bad_data", "error": "parse error"}
     source = PrometheusSource(
-        "http://p", "x", windows_s=WINDOWS, get_json=FakePrometheus(error, error, error)
+        "http://p", "ns", "x", windows_s=WINDOWS, get_json=FakePrometheus(error, error, error)
     )
     with pytest.raises(PrometheusError, match=r"bad_data.*parse error.*query: "):
         await source.observe(0.0)
@@ -111,12 +131,15 @@ async def test_prometheus_errors_carry_the_query() -> None:
 def test_prometheus_source_longer_rate_window_for_slow_scrapes() -> None:
     source = PrometheusSource(
         "http://p",
+        "ns",
         "x",
         windows_s=WINDOWS,
         lambda_rate_window_s=30.0,
         get_json=FakePrometheus(vector(), vector(), vector()),
     )
-    assert source.lambda_query == 'sum(rate(sloline_requests_total{pipeline="x"}[30s]))[30s:5s]'
+    assert source.lambda_query == (
+        'sum(rate(sloline_requests_total{namespace="ns", pipeline="x"}[30s]))[30s:5s]'
+    )
 
 
 @pytest.fixture
