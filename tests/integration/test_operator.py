@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ import jsonschema
 import pytest
 import yaml
 from kopf.testing import KopfRunner
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from sloline.operator.handlers import build_registry, kopf_settings
 from sloline.operator.kube import KubeApi
@@ -35,12 +34,12 @@ from sloline.operator.metrics import OperatorMetrics
 from sloline.operator.reconcile import OperatorContext, reconcile
 from sloline.operator.settings import OperatorSettings, parse_settings
 from sloline.planner.plan import Plan
-from sloline.serving.metrics import RouterMetrics, StateCollector
 from tests.support.kube import KubeEmulator
 from tests.support.net import free_port
 from tests.support.profile_jobs import finish_job, run_job
 from tests.support.prometheus import Prometheus
 from tests.support.serve import build_example
+from tests.support.synthetic_router import SyntheticRouter
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "helm" / "sloline" / "crds" / "predictionpipelines.sloline.dev.yaml"
@@ -473,43 +472,12 @@ def scaled_workers(kube: KubeEmulator, plan: Plan) -> list[dict[str, Any]]:
     return found
 
 
-class SyntheticRouter:
-    """The router's metrics for a pipeline, exported with the router's own collectors, at
-    a rate the test sets: requests counted per second and the arrival envelope gauges."""
-
-    def __init__(self, pipeline: str, stages: list[str], windows_s: tuple[float, ...]) -> None:
-        self.registry = CollectorRegistry()
-        self.metrics = RouterMetrics(pipeline, stages, self.registry)
-        self.rate_rps = 0.0
-        self.envelope: dict[float, float] = dict.fromkeys(windows_s, 0.0)
-        self.registry.register(
-            StateCollector(
-                pipeline,
-                queue_lengths=lambda: dict.fromkeys(stages, 0),
-                ready_replicas=lambda: dict.fromkeys(stages, 1),
-                desired_replicas=dict,
-                cost_per_hour=dict,
-                envelope=lambda: self.envelope,
-            )
-        )
-        self.port = free_port()
-        self._stop = threading.Event()
-
-    def __enter__(self) -> SyntheticRouter:
-        self.server, _ = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
-        self.thread = threading.Thread(target=self._count, daemon=True)
-        self.thread.start()
-        return self
-
-    def _count(self) -> None:
-        while not self._stop.wait(0.1):
-            for _ in range(round(self.rate_rps / 10)):
-                self.metrics.answered(200, 0.01, 1.0)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self.thread.join(5)
-        self.server.shutdown()
+def scrape_job(namespace: str, port: int) -> dict[str, Any]:
+    """A scrape of a router in `namespace`, labelled as Kubernetes service discovery does."""
+    return {
+        "job_name": f"router-{namespace}",
+        "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": namespace}}],
+    }
 
 
 def test_tuner_daemon_scales_a_worker_on_a_burst(cluster: KubeEmulator, tmp_path: Path) -> None:
@@ -528,7 +496,9 @@ def test_tuner_daemon_scales_a_worker_on_a_burst(cluster: KubeEmulator, tmp_path
         )
         windows = plan.envelope.windows_s
         with SyntheticRouter("noop", ["s1", "s2", "s3"], windows) as router:
-            prometheus = Prometheus(tmp_path, [f"127.0.0.1:{router.port}"], port)
+            prometheus = Prometheus(
+                tmp_path, [], port, scrape_configs=[scrape_job(NS, router.port)]
+            )
             try:
                 prometheus.wait_ready()
                 # A burst: ten times the planned envelope at every window.
