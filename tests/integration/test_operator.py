@@ -13,6 +13,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -528,6 +529,14 @@ def test_tuner_daemon_scales_a_worker_on_a_burst(cluster: KubeEmulator, tmp_path
             {"namespace": NS, "pipeline": "noop", "stage": stage, "state": "desired"},
         )
         assert desired == kube.get("deployments", NS, f"noop-{stage}")["spec"]["replicas"]
+        # The reconciles that profiled, planned and deployed it, counted in its namespace.
+        get = registry.get_sample_value
+        jobs = {"namespace": NS, "result": "succeeded"}
+        assert get("sloline_operator_profiling_jobs_started_total", {"namespace": NS}) == 6
+        assert get("sloline_operator_profiling_jobs_finished_total", jobs) == 6
+        assert get("sloline_operator_plan_duration_seconds_count", {"namespace": NS}) == 1
+        ok = {"namespace": NS, "result": "ok"}
+        assert (get("sloline_operator_reconciles_total", ok) or 0) >= 1
         assert kube.get(PIPELINE, NS, "noop")["metadata"]["finalizers"] == ["sloline.dev/operator"]
         kube.delete(PIPELINE, NS, "noop")  # the daemon stops, kopf releases the pipeline
         kube.wait_gone(PIPELINE, NS, "noop", timeout_s=20)
@@ -567,10 +576,33 @@ def test_sloline_operator_command_runs_against_the_cluster(
         wait(lambda: status(kube).get("phase") == "Profiling", "phase Profiling")
         with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/healthz", timeout=5) as r:
             assert r.status == 200
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
-            exported = r.read().decode()
+
+        def scrape() -> str:
+            url = f"http://127.0.0.1:{metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return str(r.read().decode())
+
+        def value(text: str, sample: str) -> float:
+            m = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)
+            return float(m.group(1)) if m else 0.0
+
+        waiting = f'sloline_operator_reconciles_total{{namespace="{NS}",result="waiting"}}'
+
+        def counted() -> str:
+            text = scrape()
+            return text if value(text, waiting) >= 1 else ""
+
+        exported = wait(counted, waiting)
         assert "# TYPE sloline_tuner_decisions_total counter" in exported
         assert "# TYPE sloline_stage_replicas gauge" in exported
+        started = f'sloline_operator_profiling_jobs_started_total{{namespace="{NS}"}}'
+        assert value(exported, started) == 6
+        duration = (
+            "sloline_operator_reconcile_duration_seconds_count"
+            f'{{namespace="{NS}",result="waiting"}}'
+        )
+        assert value(exported, duration) >= 1
+        assert re.search(r"^process_cpu_seconds_total \S+$", exported, re.M)
     finally:
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=30)
