@@ -244,7 +244,8 @@ class Story:
     def check_operator_metrics(self, stages: list[str]) -> None:
         """The operator's decisions counter, scraped through the chart's ServiceMonitor."""
         promql = (
-            f'sloline_tuner_decisions_total{{namespace="{SYSTEM}",service="sloline-operator-metrics",'
+            # Honored labels: the pipeline's namespace, not the operator's.
+            f'sloline_tuner_decisions_total{{namespace="{NS}",service="sloline-operator-metrics",'
             f'pipeline="{PIPELINE}",direction="up"}} > 0'
         )
         if self.cluster.query(promql) is None:

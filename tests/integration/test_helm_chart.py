@@ -326,7 +326,7 @@ def test_custom_values_render_namespaced_rbac_and_monitoring(
     monitor = only(custom_objects, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert monitor["spec"]["endpoints"] == [
-        {"port": "metrics", "path": "/metrics", "interval": "15s"}
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "honorLabels": True}
     ]
     rule = only(custom_objects, "PrometheusRule")
     assert rule["spec"]["groups"], "the PrometheusRule has no rule groups"

@@ -49,7 +49,7 @@ from typing import Any, Self
 
 from tests.support.kube.controllers import FINALIZER, Controllers
 from tests.support.kube.kinds import ApiError
-from tests.support.kube.monitoring import file_sd_job, service_monitor_targets, write_targets
+from tests.support.kube.monitoring import file_sd_jobs, service_monitor_targets, write_targets
 from tests.support.kube.network import AddressPool, ProxyProcess, hosts_text, proxy_table
 from tests.support.kube.podspec import Obj
 from tests.support.kube.runtime import LAUNCH_NAMESPACES, Node, PodRuntime, tool, utc_now
@@ -482,7 +482,7 @@ class ProcessKubelet:
             self.workdir / "prometheus",
             (),
             port,
-            scrape_configs=[file_sd_job(self.targets_file), *extra_scrape_configs],
+            scrape_configs=[*file_sd_jobs(self.targets_file), *extra_scrape_configs],
         )
         self._prometheus.append(prometheus)
         prometheus.wait_ready()

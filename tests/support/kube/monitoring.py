@@ -8,8 +8,10 @@ sees them), and for each of its `endpoints` the named Service port (`port`) or t
 container port (`targetPort`), `path`, `interval` and `scrapeTimeout`, with the labels
 the Prometheus Operator gives targets: `job` (the Service name, or the value of its
 `jobLabel` label), `namespace`, `service`, `pod`, `container`, `endpoint`.
-`file_sd_job` is the scrape config for that file (Prometheus re-reads it when it changes,
-within its service discovery's 5 s update cycle).
+`file_sd_jobs` are the scrape configs for that file (Prometheus re-reads it when it
+changes, within its service discovery's 5 s update cycle) and for its sibling with the
+endpoints that set `honorLabels` (a job with `honor_labels: true`, as the Prometheus
+Operator makes one per endpoint).
 
 `SERVICE_MONITOR_CRD` is a minimal CRD for clusters (the emulator) without the
 Prometheus Operator.
@@ -24,6 +26,8 @@ from pathlib import Path
 
 from tests.support.kube.network import endpoints
 from tests.support.kube.podspec import Obj, duration_s, matches, resolve_port
+
+_HONOR = "__honor_labels__"  # which file a target group goes to; not written
 
 SERVICE_MONITOR_CRD: Obj = {
     "apiVersion": "apiextensions.k8s.io/v1",
@@ -124,23 +128,46 @@ def _endpoint_groups(
             "__scrape_timeout__": f"{round(timeout_s * 1000)}ms",
             "__meta_servicemonitor": f"{monitor['metadata']['namespace']}/"
             f"{monitor['metadata']['name']}",
+            _HONOR: "true" if endpoint.get("honorLabels") else "false",
         }
         groups.append({"targets": [f"{pod['status']['podIP']}:{port}"], "labels": labels})
     return groups
 
 
+def _honoring(path: Path) -> Path:
+    """The targets file of the endpoints with `honorLabels`, beside `path`."""
+    return path.with_name(f"{path.stem}-honor-labels{path.suffix}")
+
+
 def write_targets(path: Path, groups: list[Obj]) -> bool:
-    """Replace the targets file atomically (Prometheus watches it); False if unchanged."""
-    text = json.dumps(groups, indent=1)
-    if path.exists() and path.read_text() == text:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{threading.get_ident()}")
-    temporary.write_text(text)
-    temporary.replace(path)
-    return True
+    """Replace the targets files atomically (Prometheus watches them): `path`, and beside
+    it those of endpoints with `honorLabels`; False if neither changed."""
+    changed = False
+    for honor, file in (("false", path), ("true", _honoring(path))):
+        mine = [
+            {**g, "labels": {k: v for k, v in g["labels"].items() if k != _HONOR}}
+            for g in groups
+            if g["labels"].get(_HONOR, "false") == honor
+        ]
+        text = json.dumps(mine, indent=1)
+        if file.exists() and file.read_text() == text:
+            continue
+        file.parent.mkdir(parents=True, exist_ok=True)
+        temporary = file.with_name(f".{file.name}.{threading.get_ident()}")
+        temporary.write_text(text)
+        temporary.replace(file)
+        changed = True
+    return changed
 
 
-def file_sd_job(targets_file: Path) -> Obj:
-    """The scrape config that reads the ServiceMonitors' targets from `targets_file`."""
-    return {"job_name": "service-monitors", "file_sd_configs": [{"files": [str(targets_file)]}]}
+def file_sd_jobs(targets_file: Path) -> list[Obj]:
+    """The scrape configs that read the ServiceMonitors' targets from `targets_file` and
+    its `honorLabels` sibling."""
+    return [
+        {"job_name": "service-monitors", "file_sd_configs": [{"files": [str(targets_file)]}]},
+        {
+            "job_name": "service-monitors-honor-labels",
+            "honor_labels": True,
+            "file_sd_configs": [{"files": [str(_honoring(targets_file))]}],
+        },
+    ]
