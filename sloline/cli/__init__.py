@@ -40,6 +40,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     process.use_grpc_iomgr()  # before anything imports grpc; workers and profiling too
     throttle_logs()
+    if args.command in ("run", "router"):
+        from sloline.serving import tracing
+
+        try:
+            tracing.configure(args.otlp_endpoint)
+        except ValueError as exc:  # tracing asked for without the otel extra
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_INVALID
     if args.command in ("run", "calibrate", "router", "worker"):
         from sloline.serving.memory import tune_malloc
 

@@ -89,6 +89,12 @@ def add_front_door_flags(p: argparse.ArgumentParser) -> None:
         "they are about (default: $SLOLINE_LOG_FORMAT or text)",
     )
     p.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="trace requests with OpenTelemetry, exporting spans with OTLP/gRPC to URL "
+        "(default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset: off; needs sloline[otel])",
+    )
+    p.add_argument(
         "--access-log-sample",
         type=float,
         metavar="F",

@@ -19,8 +19,8 @@ from typing import Any, Final, NoReturn
 import grpc
 
 import sloline
-from sloline.common.tensors import DataPlane, InferenceError
-from sloline.serving import codec, grpc_codec, logs
+from sloline.common.tensors import DataPlane, InferenceError, InferRequest, InferResponse
+from sloline.serving import codec, grpc_codec, logs, tracing
 from sloline.serving.proto import grpc_service_pb2 as pb
 from sloline.serving.proto import grpc_service_pb2_grpc as pb_grpc
 
@@ -126,7 +126,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             # The model before the tensors: an unknown model is NOT_FOUND whatever it was sent.
             self._plane.check_model(request.model_name, request.model_version)
             infer_request = grpc_codec.request_from_proto(request)
-            response = await self._plane.infer(infer_request)
+            if tracing.tracer is None:
+                response = await self._plane.infer(infer_request)
+            else:
+                response = await self._traced(infer_request, context, rid)
             answer = grpc_codec.response_to_proto(infer_request, response)
         except Exception as exc:
             status = exc.status if isinstance(exc, InferenceError) else 500
@@ -134,6 +137,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await _fail(context, exc, "ModelInfer", rid)
         logs.access("grpc", request.model_name, 200, time.perf_counter() - start)
         return answer
+
+    async def _traced(self, request: InferRequest, context: Any, rid: str) -> InferResponse:
+        """The plane's answer in a server span, the child of the client's `traceparent`."""
+        carrier = {item.key: str(item.value) for item in context.invocation_metadata() or ()}
+        attributes = {"rpc.system": "grpc", "rpc.method": "ModelInfer", "sloline.request_id": rid}
+        name = "inference.GRPCInferenceService/ModelInfer"
+        with tracing.server_span(name, carrier, attributes):
+            return await self._plane.infer(request)
 
 
 def _metadata(context: Any, key: str) -> str | None:

@@ -53,7 +53,7 @@ from sloline.common.tensors import (
     Overloaded,
     PayloadTooLarge,
 )
-from sloline.serving import codec, logs, rest_codec
+from sloline.serving import codec, logs, rest_codec, tracing
 
 logger = logging.getLogger(__name__)
 
@@ -338,7 +338,10 @@ class _InferEndpoint:
         rid = logs.request_id(_header(scope, _REQUEST_ID))
         rid_header = (_REQUEST_ID, rid.encode("latin-1"))
         try:
-            encoded = await self._answer(scope, receive, reserved)
+            if tracing.tracer is None:
+                encoded = await self._answer(scope, receive, reserved)
+            else:
+                encoded = await self._traced(scope, receive, reserved, rid)
         except _Disconnected:
             return
         except InferenceError as exc:
@@ -373,6 +376,19 @@ class _InferEndpoint:
         for i, part in enumerate(encoded.parts):
             await send({"type": "http.response.body", "body": part, "more_body": i < last})
         logs.access("http", scope["path_params"]["name"], 200, time.perf_counter() - start)
+
+    async def _traced(
+        self, scope: Scope, receive: Receive, reserved: list[int], rid: str
+    ) -> rest_codec.RestBody:
+        """`_answer` in a server span, the child of the client's `traceparent` header."""
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        attributes = {
+            "http.request.method": "POST",
+            "url.path": scope["path"],
+            "sloline.request_id": rid,
+        }
+        with tracing.server_span("POST /v2/models/{name}/infer", carrier, attributes):
+            return await self._answer(scope, receive, reserved)
 
     async def _answer(
         self, scope: Scope, receive: Receive, reserved: list[int]
