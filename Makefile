@@ -17,7 +17,7 @@ RUN_ARGS  ?=
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH_CPU)" -e ".[dev,torch,examples,plot,k8s]"
+	$(BIN)/python -m pip install -q "$(TORCH_CPU)" -e ".[dev,torch,examples,plot,k8s,otel]"
 	touch $@
 
 run: $(BIN)/.installed

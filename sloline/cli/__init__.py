@@ -24,15 +24,30 @@ EXIT_INVALID = 2
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    from sloline.serving import process
+    from sloline.serving import logs, process
+
+    try:
+        logs.configure(
+            level=logging.DEBUG if args.verbose else logging.INFO,
+            # The serving commands' flags (cli/flags.py); the environment's for the rest.
+            log_format=getattr(args, "log_format", None),
+            access_sample=getattr(args, "access_log_sample", None),
+        )
+    except ValueError as exc:  # a bad --access-log-sample or SLOLINE_* setting
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
     from sloline.serving.logthrottle import throttle_logs
 
     process.use_grpc_iomgr()  # before anything imports grpc; workers and profiling too
     throttle_logs()
+    if args.command in ("run", "router"):
+        from sloline.serving import tracing
+
+        try:
+            tracing.configure(args.otlp_endpoint)
+        except ValueError as exc:  # tracing asked for without the otel extra
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_INVALID
     if args.command in ("run", "calibrate", "router", "worker"):
         from sloline.serving.memory import tune_malloc
 

@@ -82,6 +82,25 @@ def add_front_door_flags(p: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer <token>' (HTTP) / authorization metadata "
         "(gRPC) with one of the tokens in FILE, one per line (health probes stay open)",
     )
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="log lines as text or one JSON object each, with the request id of the request "
+        "they are about (default: $SLOLINE_LOG_FORMAT or text)",
+    )
+    p.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="trace requests with OpenTelemetry, exporting spans with OTLP/gRPC to URL "
+        "(default: $OTEL_EXPORTER_OTLP_ENDPOINT; unset: off; needs sloline[otel])",
+    )
+    p.add_argument(
+        "--access-log-sample",
+        type=float,
+        metavar="F",
+        help="log this fraction of inference requests, one line each "
+        "(default: $SLOLINE_ACCESS_LOG_SAMPLE or 0, off)",
+    )
 
 
 def front_door(args: argparse.Namespace) -> dict[str, Any]:

@@ -95,6 +95,7 @@ def _env(
         )
     ]
     env.append({"name": "SLOLINE_MODEL_DIR", "value": target.model_dir(settings)})
+    env += settings.observability.env(target.name)
     if threads is not None:
         env += [
             {"name": "OMP_NUM_THREADS", "value": str(threads)},

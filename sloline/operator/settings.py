@@ -105,6 +105,34 @@ class RouterDeploymentSettings(SettingsModel):
     resources: dict[str, dict[str, str | int]] = Field(default_factory=dict)
 
 
+class ObservabilitySettings(SettingsModel):
+    """Logs and traces of every pipeline's pods (docs/operations.md), as their environment."""
+
+    log_format: Literal["text", "json"] = "text"
+    access_log_sample: float = Field(
+        default=0.0, ge=0, le=1, description="fraction of requests in the router's access log"
+    )
+    otlp_endpoint: str = Field(
+        default="",
+        description="OTLP/gRPC endpoint the routers export request traces to; '' = off "
+        "(the runtime image needs the otel extra)",
+    )
+
+    def env(self, service: str) -> list[dict[str, str]]:
+        """The pods' environment entries for the settings that differ from the defaults."""
+        env = []
+        if self.log_format != "text":
+            env.append({"name": "SLOLINE_LOG_FORMAT", "value": self.log_format})
+        if self.access_log_sample:
+            env.append({"name": "SLOLINE_ACCESS_LOG_SAMPLE", "value": repr(self.access_log_sample)})
+        if self.otlp_endpoint:
+            env += [
+                {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": self.otlp_endpoint},
+                {"name": "OTEL_SERVICE_NAME", "value": service},
+            ]
+        return env
+
+
 class OperatorSettings(SettingsModel):
     """Everything `sloline operator` is configured with (docs/kubernetes.md)."""
 
@@ -117,6 +145,7 @@ class OperatorSettings(SettingsModel):
     tuner: TunerOverrides = Field(default_factory=TunerOverrides)
     router: RouterDeploymentSettings = Field(default_factory=RouterDeploymentSettings)
     service_monitor: Literal["auto", "always", "never"] = "auto"
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
 
     @field_validator("catalog")
     @classmethod

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Any, Final, NoReturn
 
 import grpc
 
 import sloline
-from sloline.common.tensors import DataPlane, InferenceError
-from sloline.serving import codec, grpc_codec
+from sloline.common.tensors import DataPlane, InferenceError, InferRequest, InferResponse
+from sloline.serving import codec, grpc_codec, logs, tracing
 from sloline.serving.proto import grpc_service_pb2 as pb
 from sloline.serving.proto import grpc_service_pb2_grpc as pb_grpc
 
@@ -54,20 +55,22 @@ def add_inference_service(server: Any, plane: DataPlane) -> None:
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
 
 
-async def _fail(context: Any, exc: Exception, method: str) -> NoReturn:
-    """End the RPC with the status for `exc`; `context.abort` always raises."""
+async def _fail(context: Any, exc: Exception, method: str, rid: str = "") -> NoReturn:
+    """End the RPC with the status for `exc` (and the request id `rid` in the trailing
+    metadata when given); `context.abort` always raises."""
     if not isinstance(exc, InferenceError):
         logger.exception("unexpected error in %s", method, exc_info=exc)
         exc = InferenceError(f"internal server error: {type(exc).__name__}: {exc}")
     code = _CODES.get(exc.status, grpc.StatusCode.INTERNAL)
+    trailing: tuple[tuple[str, str], ...] = ((logs.REQUEST_ID_HEADER, rid),) if rid else ()
     if exc.retry_after_s is None:
-        await context.abort(code, exc.message)
+        await context.abort(code, exc.message, trailing_metadata=trailing)
     else:
         retry_ms = max(1, math.ceil(exc.retry_after_s * 1000))
         await context.abort(
             code,
             f"{exc.message} (retry after {retry_ms} ms)",
-            trailing_metadata=((RETRY_AFTER_METADATA, str(retry_ms)),),
+            trailing_metadata=((RETRY_AFTER_METADATA, str(retry_ms)), *trailing),
         )
     raise AssertionError("grpc.aio ServicerContext.abort() returned")
 
@@ -116,11 +119,37 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(  # noqa: N802
         self, request: pb.ModelInferRequest, context: Any
     ) -> pb.ModelInferResponse:
+        start = time.perf_counter()
+        rid = logs.request_id(_metadata(context, logs.REQUEST_ID_HEADER))
+        context.set_trailing_metadata(((logs.REQUEST_ID_HEADER, rid),))
         try:
             # The model before the tensors: an unknown model is NOT_FOUND whatever it was sent.
             self._plane.check_model(request.model_name, request.model_version)
             infer_request = grpc_codec.request_from_proto(request)
-            response = await self._plane.infer(infer_request)
-            return grpc_codec.response_to_proto(infer_request, response)
+            if tracing.tracer is None:
+                response = await self._plane.infer(infer_request)
+            else:
+                response = await self._traced(infer_request, context, rid)
+            answer = grpc_codec.response_to_proto(infer_request, response)
         except Exception as exc:
-            await _fail(context, exc, "ModelInfer")
+            status = exc.status if isinstance(exc, InferenceError) else 500
+            logs.access("grpc", request.model_name, status, time.perf_counter() - start)
+            await _fail(context, exc, "ModelInfer", rid)
+        logs.access("grpc", request.model_name, 200, time.perf_counter() - start)
+        return answer
+
+    async def _traced(self, request: InferRequest, context: Any, rid: str) -> InferResponse:
+        """The plane's answer in a server span, the child of the client's `traceparent`."""
+        carrier = {item.key: str(item.value) for item in context.invocation_metadata() or ()}
+        attributes = {"rpc.system": "grpc", "rpc.method": "ModelInfer", "sloline.request_id": rid}
+        name = "inference.GRPCInferenceService/ModelInfer"
+        with tracing.server_span(name, carrier, attributes):
+            return await self._plane.infer(request)
+
+
+def _metadata(context: Any, key: str) -> str | None:
+    """The value of the client's metadata `key`, None when it sent none."""
+    for item in context.invocation_metadata() or ():
+        if item.key == key:
+            return str(item.value)
+    return None

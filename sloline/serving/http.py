@@ -33,6 +33,7 @@ import logging
 import math
 import re
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -52,7 +53,7 @@ from sloline.common.tensors import (
     Overloaded,
     PayloadTooLarge,
 )
-from sloline.serving import codec, rest_codec
+from sloline.serving import codec, logs, rest_codec, tracing
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ _INFER_PATH: Final = re.compile(
     r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer"
 )
 _HEADER_LENGTH: Final = rest_codec.HEADER_LENGTH.lower().encode()
+_REQUEST_ID: Final = logs.REQUEST_ID_HEADER.encode()
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -332,17 +334,27 @@ class _InferEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         reserved = [0]  # body bytes this request holds in the budget until it is answered
+        start = time.perf_counter()
+        rid = logs.request_id(_header(scope, _REQUEST_ID))
+        rid_header = (_REQUEST_ID, rid.encode("latin-1"))
         try:
-            encoded = await self._answer(scope, receive, reserved)
+            if tracing.tracer is None:
+                encoded = await self._answer(scope, receive, reserved)
+            else:
+                encoded = await self._traced(scope, receive, reserved, rid)
         except _Disconnected:
             return
         except InferenceError as exc:
-            await error_response(exc)(scope, receive, send)
+            await _with_header(error_response(exc), rid_header)(scope, receive, send)
+            logs.access(
+                "http", scope["path_params"]["name"], exc.status, time.perf_counter() - start
+            )
             return
         except Exception as exc:
             logger.exception("unexpected error serving POST %s", scope["path"])
             message = f"internal server error: {type(exc).__name__}: {exc}"
-            await _json({"error": message}, 500)(scope, receive, send)
+            await _with_header(_json({"error": message}, 500), rid_header)(scope, receive, send)
+            logs.access("http", scope["path_params"]["name"], 500, time.perf_counter() - start)
             return
         finally:
             # Answered: the body is not needed any more (a router's answers are views of
@@ -350,18 +362,33 @@ class _InferEndpoint:
             self._budget.held -= reserved[0]
         size = b"%d" % encoded.size
         if encoded.header_length is None:
-            headers = [(b"content-length", size), (b"content-type", JSON.encode())]
+            headers = [(b"content-length", size), (b"content-type", JSON.encode()), rid_header]
         else:
             headers = [
                 (b"content-length", size),
                 (_HEADER_LENGTH, b"%d" % encoded.header_length),
                 (b"content-type", b"application/octet-stream"),
+                rid_header,
             ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         # Part by part: large outputs are not joined into one more copy before the socket.
         last = len(encoded.parts) - 1
         for i, part in enumerate(encoded.parts):
             await send({"type": "http.response.body", "body": part, "more_body": i < last})
+        logs.access("http", scope["path_params"]["name"], 200, time.perf_counter() - start)
+
+    async def _traced(
+        self, scope: Scope, receive: Receive, reserved: list[int], rid: str
+    ) -> rest_codec.RestBody:
+        """`_answer` in a server span, the child of the client's `traceparent` header."""
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        attributes = {
+            "http.request.method": "POST",
+            "url.path": scope["path"],
+            "sloline.request_id": rid,
+        }
+        with tracing.server_span("POST /v2/models/{name}/infer", carrier, attributes):
+            return await self._answer(scope, receive, reserved)
 
     async def _answer(
         self, scope: Scope, receive: Receive, reserved: list[int]
@@ -396,6 +423,19 @@ class _InferEndpoint:
         )
         response = await self._plane.infer(request)
         return rest_codec.encode_rest_response(request, response)
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    """The value of header `name` (lower case), None when the request has none."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+def _with_header(response: Response, header: tuple[bytes, bytes]) -> Response:
+    response.raw_headers.append(header)
+    return response
 
 
 class _AsgiEndpoint:

@@ -41,7 +41,7 @@ from sloline.common.tensors import (
     Tensor,
     TensorMetadata,
 )
-from sloline.serving import wire
+from sloline.serving import tracing, wire
 from sloline.serving.admission import Admission
 from sloline.serving.checks import VERSIONS, RequestChecks
 from sloline.serving.dag import DagRun, DagShape, ReadyStage
@@ -91,6 +91,7 @@ class _Request:
     deadline: float
     estimate: float = math.nan  # admission's estimate of its latency (NaN: none)
     items: list[WorkItem] = field(default_factory=list)
+    trace: Any = None  # its trace context while tracing is on (tracing.py)
 
     def fail(self, error: InferenceError) -> None:
         if not self.future.done():
@@ -254,6 +255,8 @@ class Router:
             state = _Request(DagRun(self._dag, inputs), loop.create_future(), now, now + timeout_s)
             if self._admission is not None:
                 state.estimate = self._admission.last_s
+            if tracing.tracer is not None:
+                state.trace = tracing.current_context()
             timer = loop.call_later(timeout_s, self._expire_request, state)
             self._submit(state, state.run.start())
             outputs = await state.future
@@ -438,6 +441,8 @@ class Router:
         visits = self.stats.stage_latency[stage]
         for item in items:
             visits.add(now, now - item.enqueued_at)
+        if tracing.tracer is not None:
+            self._trace_visits(conn, items, result.service_s, now)
         if result.error or len(result.items) != len(items):
             reason = result.error or (
                 f"worker returned {len(result.items)} results for {len(items)} items"
@@ -459,6 +464,24 @@ class Router:
         self._perform(queue, step, now)
         if queue.draining(conn.id):
             conn.close()
+
+    def _trace_visits(
+        self, conn: WorkerConn, items: list[WorkItem], service_s: float, now: float
+    ) -> None:
+        for item in items:
+            if item.request.trace is not None:
+                tracing.stage_span(
+                    item.request.trace,
+                    conn.stage,
+                    item.enqueued_at,
+                    conn.dispatched_at,
+                    now,
+                    **{
+                        "sloline.batch_size": len(items),
+                        "sloline.worker": conn.id,
+                        "sloline.service_s": service_s,
+                    },
+                )
 
     def _advance(self, state: _Request, stage: str, values: dict[str, Tensor]) -> None:
         """`stage` finished for one request: answer it or submit its next stages. Whatever

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+import orjson
 import psutil
 
 from tests.integration.test_examples_served import wait_ready
@@ -219,3 +221,47 @@ def test_ctrl_c_and_parent_crash_leave_no_workers() -> None:
     os.kill(process.pid, signal.SIGKILL)
     process.communicate(timeout=10)
     assert _gone(pids), "workers outlived a crashed parent"
+
+
+def test_log_settings_are_checked() -> None:
+    result = sloline("run", str(NOOP), "--access-log-sample", "2")
+    assert result.returncode == 2
+    assert result.stderr == "error: access log sample 2.0 is not a fraction in [0, 1]\n"
+    result = sloline("run", str(NOOP), "--log-format", "xml")
+    assert result.returncode == 2 and "invalid choice: 'xml'" in result.stderr
+    env = {**os.environ, "SLOLINE_LOG_FORMAT": "yaml"}
+    result = subprocess.run(
+        [sys.executable, "-m", "sloline", "validate", str(NOOP)],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr == "error: log format 'yaml' is not one of text, json\n"
+
+
+def test_json_log_line_carries_the_request_id_the_response_returns() -> None:
+    http_port, grpc_port = free_port(), free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sloline", "run", str(NOOP), "--port", str(http_port),
+         "--grpc-port", str(grpc_port), "--no-plan", "--log-format", "json",
+         "--access-log-sample", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_ready(f"127.0.0.1:{http_port}", process)
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1, 2]}]}
+        url = f"http://127.0.0.1:{http_port}/v2/models/noop/infer"
+        response = httpx.post(url, json=body, headers={"x-request-id": "cli-1"}, timeout=10)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-request-id"] == "cli-1"
+        response = httpx.post(url, json=body, timeout=10)
+        made = response.headers["x-request-id"]
+    finally:
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=30)[0]
+    lines = [orjson.loads(line) for line in output.splitlines() if line.startswith("{")]
+    assert all({"time", "level", "logger", "message"} <= line.keys() for line in lines), output
+    access = [line for line in lines if line["logger"] == "sloline.access"]
+    assert [(a["request_id"], a["model"], a["status"]) for a in access] == [
+        ("cli-1", "noop", 200),
+        (made, "noop", 200),
+    ]

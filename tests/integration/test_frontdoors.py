@@ -11,6 +11,8 @@ naming the problem, and the doors keep serving afterwards.
 from __future__ import annotations
 
 import asyncio
+import io
+import logging
 import threading
 from collections.abc import Coroutine, Iterator
 from concurrent.futures import Future
@@ -38,6 +40,7 @@ from sloline.common.tensors import (
     Tensor,
     TensorMetadata,
 )
+from sloline.serving import logs
 from sloline.serving.grpc_frontdoor import add_inference_service, server_options
 from sloline.serving.http import bind_socket, create_http_app
 
@@ -386,3 +389,72 @@ def test_http_unknown_route_and_method_are_json_errors(raw: httpx.Client) -> Non
     assert response.status_code == 405
     assert response.json() == {"error": "Method Not Allowed"}
     assert response.headers["allow"] == "POST"
+
+
+# ------------------------------------------------------------------ request ids, JSON logs
+
+
+@pytest.fixture
+def json_log() -> Iterator[io.StringIO]:
+    """The JSON log lines the process writes during the test, access log on for all."""
+    out = io.StringIO()
+    handler = logs.handler("json", out)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    level = root.level
+    root.setLevel(logging.INFO)
+    logs.set_access_sample(1.0)
+    yield out
+    logs.set_access_sample(0.0)
+    root.setLevel(level)
+    root.removeHandler(handler)
+
+
+def _lines(out: io.StringIO) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_http_request_id_is_returned_and_in_every_log_line(
+    raw: httpx.Client, json_log: io.StringIO
+) -> None:
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1], "data": [1.0]}]}
+    response = raw.post("/v2/models/add_one/infer", json=body, headers={"x-request-id": "req-42"})
+    assert response.status_code == 200
+    assert response.headers["x-request-id"] == "req-42"
+    # No id sent: one is made, returned, and on the log lines of the crash it causes.
+    response = raw.post("/v2/models/crash/infer", json=body)
+    assert response.status_code == 500
+    made = response.headers["x-request-id"]
+    assert len(made) == 32
+    lines = _lines(json_log)
+    access = [line for line in lines if line["logger"] == "sloline.access"]
+    assert [(a["request_id"], a["model"], a["status"]) for a in access] == [
+        ("req-42", "add_one", 200),
+        (made, "crash", 500),
+    ]
+    (crash,) = [line for line in lines if line["logger"] == "sloline.serving.http"]
+    assert crash["request_id"] == made
+    assert crash["level"] == "ERROR"
+    assert "boom in the model" in crash["exc_info"]
+
+
+def test_grpc_request_id_is_in_trailing_metadata_and_log_lines(
+    doors: FrontDoors, json_log: io.StringIO
+) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{doors.grpc_port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = service_pb2.ModelInferRequest(model_name="add_one")
+        request.inputs.add(name="x", datatype="FP32", shape=[1, 1])
+        request.raw_input_contents.append(b"\0" * 4)
+        _, call = stub.ModelInfer.with_call(request, metadata=(("x-request-id", "g-7"),))
+        assert ("x-request-id", "g-7") in call.trailing_metadata()
+        request.model_name = "busy"
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(request, metadata=(("x-request-id", "g-8"),))
+        assert ("x-request-id", "g-8") in info.value.trailing_metadata()
+        assert ("retry-after-ms", "250") in info.value.trailing_metadata()
+    access = [line for line in _lines(json_log) if line["logger"] == "sloline.access"]
+    assert [(a["request_id"], a["door"], a["status"]) for a in access] == [
+        ("g-7", "grpc", 200),
+        ("g-8", "grpc", 503),
+    ]

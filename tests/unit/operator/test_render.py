@@ -344,3 +344,31 @@ def test_front_door_secrets_from_the_pipelines_annotations() -> None:
         find(everything(t, OperatorSettings(), "cpu-1"), "Deployment", "noop-router")
     )
     assert router["readinessProbe"]["httpGet"]["port"] == "http"
+
+
+def test_observability_settings_reach_every_pipeline_pod() -> None:
+    from sloline.cli.parser import build_parser
+    from sloline.operator.settings import parse_settings
+
+    t = Target.of(pipeline_object(DIGITS))
+    plain = everything(t, OperatorSettings(), "cpu-1")
+    for manifest in plain:
+        for container in containers(manifest) if manifest["kind"] in ("Deployment", "Job") else ():
+            names = {e["name"] for e in container.get("env", ())}
+            assert not names & {"SLOLINE_LOG_FORMAT", "OTEL_EXPORTER_OTLP_ENDPOINT"}
+    settings = parse_settings(
+        {"observability": {"logFormat": "json", "accessLogSample": 0.1,
+                           "otlpEndpoint": "http://otel-collector.monitoring:4317"}}
+    )  # fmt: skip
+    objects = everything(t, settings, "cpu-1")
+    for name in ("digits-cascade-router", "digits-cascade-fast"):
+        (container,) = containers(find(objects, "Deployment", name))
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["SLOLINE_LOG_FORMAT"] == "json"
+        assert env["SLOLINE_ACCESS_LOG_SAMPLE"] == "0.1"
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.monitoring:4317"
+        assert env["OTEL_SERVICE_NAME"] == "digits-cascade"
+    (router,) = containers(find(objects, "Deployment", "digits-cascade-router"))
+    assert build_parser().parse_args(router["args"]).command == "router"
+    with pytest.raises(ValueError, match="logFormat"):
+        parse_settings({"observability": {"logFormat": "xml"}})
