@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sloline.cli import main
+from sloline.cli import main, planning
 from tests.support.serve import NOOP, build_example
 
 DIGITS = "digits-cascade"
@@ -136,3 +136,16 @@ def test_reference_errors_are_reported_beside_type_errors(
     assert "spec.stages[1].inputs[0].from" in err and "s9.x" in err
     assert "spec.stages[2].when: stage 's1' has no output 'y'" in err
     assert "spec.output: no stage named 'nope'" in err
+
+
+def test_an_unexpected_exception_is_one_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(_path: object) -> None:
+        raise TypeError("boom")
+
+    monkeypatch.setattr(planning, "load_pipeline", broken)
+    assert main(["validate", str(NOOP)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: unexpected TypeError: boom") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
