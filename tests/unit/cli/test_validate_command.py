@@ -3,15 +3,19 @@ for scripts), draws the DAG as a DAG; `plan -o json` prints the plan as JSON."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
 
 from sloline.cli import main, planning
+from sloline.lab.synthetic import random_problem
+from sloline.planner.planner import plan
 from tests.support.serve import NOOP, build_example
 
 DIGITS = "digits-cascade"
@@ -149,3 +153,16 @@ def test_an_unexpected_exception_is_one_line_not_a_traceback(
     err = capsys.readouterr().err
     assert err.startswith("error: unexpected TypeError: boom") and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_plan_json_for_scripts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan -o json` prints the plan as `--out` writes it (profiling and planning are the
+    planner's tests: a synthetic problem's plan stands in for the file's)."""
+    problem = random_problem(3, duration_s=10.0, rate_rps=20.0)
+    planned = plan(dataclasses.replace(problem, slo_s=problem.slo_s * 1.5))
+    monkeypatch.setattr(planning, "load_pipeline", lambda file: file)
+    monkeypatch.setattr(planning, "plan_session", lambda *_: SimpleNamespace(plan=planned))
+    assert main(["plan", "p.yaml", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(planned.to_dict()))
