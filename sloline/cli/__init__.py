@@ -4,10 +4,10 @@ Each command lives in a module of this package beside its parser (`parser.py` pu
 together, with the command plugins); :func:`main` runs one and turns its failures into
 exit codes, in this one place.
 
-Exit codes: 0 success; 1 runtime failure (no plan meets the SLO, a port in use);
-2 invalid input (a bad pipeline file, flag or model, a file that cannot be read or
-written). Either is reported as one ``error:`` message on stderr, its traceback only with
-``--verbose``; any other exception is a bug, and its traceback is shown.
+Exit codes: 0 success; 1 runtime failure (no plan meets the SLO, a port in use, or an
+unexpected exception: a bug); 2 invalid input (a bad pipeline file, flag or model, a file
+that cannot be read or written). Each is reported as one ``error:`` message on stderr,
+its traceback only with ``--verbose``.
 """
 
 from __future__ import annotations
@@ -55,10 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except Exception as exc:
-        failure = _failure(exc)
-        if failure is None:
-            raise  # a bug: its traceback is what helps
-        code, message = failure
+        code, message = _failure(exc) or (
+            EXIT_FAILURE,
+            f"unexpected {type(exc).__name__}: {exc} (a bug in sloline; rerun with "
+            "--verbose for its traceback and report it)",
+        )
         logging.getLogger(__name__).debug("the failure's traceback", exc_info=exc)  # -v
         print(f"error: {message}", file=sys.stderr)
         return code

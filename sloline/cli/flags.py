@@ -137,3 +137,14 @@ def add_planning_flags(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="plan with a calibration (`sloline calibrate` or `sloline run --calibration-out`)",
     )
+
+
+def add_output_flag(p: argparse.ArgumentParser) -> None:
+    """`-o/--output text|json`: json prints one JSON document on stdout, for scripts."""
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help="text for people (default), json for scripts",
+    )

@@ -8,8 +8,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sloline.cli.flags import add_planning_flags, add_profile_flags, catalog, flag_error
-from sloline.spec import LoadedPipeline, PipelineError, load_pipeline
+from sloline.cli.flags import (
+    add_output_flag,
+    add_planning_flags,
+    add_profile_flags,
+    catalog,
+    flag_error,
+)
+from sloline.spec import Issue, LoadedPipeline, PipelineError, load_pipeline
 
 if TYPE_CHECKING:
     from sloline.measure.session import PlanningSession
@@ -20,6 +26,7 @@ if TYPE_CHECKING:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("validate", help="check a pipeline file")
     p.add_argument("file", help="the pipeline file (PredictionPipeline YAML)")
+    add_output_flag(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("profile", help="measure each stage on each hardware class (cached)")
@@ -32,22 +39,82 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("file", help="the pipeline file")
     p.add_argument("--out", help="write the plan as YAML (or JSON if the name ends .json)")
     p.add_argument("--cdf", help="draw the estimated latency CDF vs the SLO to this PNG")
+    add_output_flag(p)
     add_planning_flags(p)
     p.set_defaults(func=cmd_plan)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    loaded = load_pipeline(args.file)
-    issues = loaded.check_files()
-    if issues:
-        raise PipelineError(issues, str(args.file))
+    import json
+
+    from sloline.cli import EXIT_INVALID
+
+    try:
+        loaded = load_pipeline(args.file)
+        issues = loaded.check_files()
+        issues += model_issues(loaded, {issue.path for issue in issues})
+        if issues:
+            raise PipelineError(issues, str(args.file))
+    except PipelineError as exc:
+        if args.output != "json":
+            raise
+        found = [{"path": i.path, "reason": i.reason} for i in exc.issues]
+        print(json.dumps({"ok": False, "issues": found}))
+        return EXIT_INVALID
     spec = loaded.pipeline.spec
+    edges = [(name, child) for name in loaded.graph.order for child in loaded.graph.children[name]]
+    if args.output == "json":
+        summary = {
+            "ok": True,
+            "pipeline": loaded.name,
+            "stages": list(loaded.graph.order),
+            "edges": [list(edge) for edge in edges],
+            "output": spec.output,
+            "slo": {"percentile": spec.slo.percentile, "latencyMs": spec.slo.latency_ms},
+        }
+        print(json.dumps(summary))
+        return 0
     print(
-        f"ok: pipeline {loaded.name!r}: {len(spec.stages)} stages "
-        f"({' -> '.join(loaded.graph.order)}), output {spec.output!r}, "
-        f"SLO p{spec.slo.percentile:g} {spec.slo.latency_ms:g} ms"
+        f"ok: pipeline {loaded.name!r}: {len(spec.stages)} stages, output {spec.output!r}, "
+        f"SLO p{spec.slo.percentile:g} {spec.slo.latency_ms:g} ms\n{draw_dag(loaded)}"
     )
     return 0
+
+
+def draw_dag(loaded: LoadedPipeline) -> str:
+    """The DAG as one line per stage with children: `a -> b, c` (in topological order),
+    plus stages with neither parents nor children on their own line."""
+    graph = loaded.graph
+    lines = []
+    for name in graph.order:
+        children = graph.children[name]
+        if children:
+            lines.append(f"  {name} -> {', '.join(children)}")
+        elif not graph.stages[name].deps:
+            lines.append(f"  {name}")
+    return "\n".join(lines)
+
+
+def model_issues(loaded: LoadedPipeline, known: set[str]) -> list[Issue]:
+    """Load each stage's model (as a worker would, on the CPU) and report what does not
+    match the spec: a missing file, an entrypoint that does not import, input or output
+    names, datatypes and shapes; stages whose paths already have an issue are skipped."""
+    from sloline.runtimes.base import ModelError
+    from sloline.runtimes.runner import load_pipeline_stage
+
+    issues = []
+    for name in loaded.graph.order:
+        node = loaded.graph.stages[name]
+        path = f"spec.stages[{node.index}].model"
+        if any(k.startswith(path) for k in known):
+            continue
+        try:
+            load_pipeline_stage(loaded, name)
+        except ModelError as exc:
+            issues.append(Issue(path, str(exc)))
+        except Exception as exc:
+            issues.append(Issue(path, f"does not load: {type(exc).__name__}: {exc}"))
+    return issues
 
 
 def measure_profile(args: argparse.Namespace, loaded: LoadedPipeline) -> PipelineProfile:
@@ -145,13 +212,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from sloline.measure.session import plot_latency_cdf
 
     session = plan_session(args, load_pipeline(args.file))
-    print(session.plan.to_table())
+    if args.output == "json":
+        print(json.dumps(session.plan.to_dict()))
+    else:
+        print(session.plan.to_table())
     if args.out:
         data = session.plan.to_dict()
         text = json.dumps(data, indent=1) if args.out.endswith(".json") else yaml.safe_dump(data)
         Path(args.out).write_text(text)
-        print(f"plan written to {args.out}")
+        print(f"plan written to {args.out}", file=sys.stderr if args.output == "json" else None)
     if args.cdf:
         plot_latency_cdf(session, Path(args.cdf))
-        print(f"latency CDF drawn to {args.cdf}")
+        print(
+            f"latency CDF drawn to {args.cdf}", file=sys.stderr if args.output == "json" else None
+        )
     return 0

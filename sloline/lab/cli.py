@@ -6,14 +6,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
+import math
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sloline.cli.flags import add_planning_flags, flag_error
+from sloline.cli.flags import add_output_flag, add_planning_flags, flag_error
 from sloline.cli.planning import plan_session
 from sloline.spec import load_pipeline
 
 if TYPE_CHECKING:
+    from sloline.lab.report import SimulationReport
     from sloline.lab.traces import Trace
 
 
@@ -32,6 +36,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--policies", default="", help="comma-separated (default: all)")
     p.add_argument("--scale", type=float, default=1.0, help="shrink trace durations (0.1)")
     p.add_argument("--out-dir", help="draw one PNG per trace here")
+    add_output_flag(p)
     add_planning_flags(p)
     p.set_defaults(func=cmd_simulate)
 
@@ -80,14 +85,41 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         reports.append(simulate(session.problem, wanted, plan=session.plan, policies=policies))
     for trace in files:  # planned for its own planning sample, not the pipeline's workload
         start = plan(dataclasses.replace(session.problem, arrivals_s=trace.planning_s))
-        print(f"trace {trace.name}: {trace.description}")
-        print(start.to_table())
+        log = sys.stderr if args.output == "json" else sys.stdout
+        print(f"trace {trace.name}: {trace.description}", file=log)
+        print(start.to_table(), file=log)
         reports.append(simulate(session.problem, [trace], plan=start, policies=policies))
     report = functools.reduce(SimulationReport.joined, reports)
-    print(report.to_markdown())
+    if args.output == "json":
+        print(json.dumps(report_json(report)))
+    else:
+        print(report.to_markdown())
     if args.out_dir:
         out = Path(args.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         report.plot(out)
-        print(f"plots written to {out}/")
+        print(f"plots written to {out}/", file=sys.stderr if args.output == "json" else None)
     return 0
+
+
+def report_json(report: SimulationReport) -> dict[str, object]:
+    """The report's rows for scripts (`-o json`); an unrecovered load change is null."""
+    return {
+        "pipeline": report.pipeline,
+        "sloMs": report.slo_s * 1e3,
+        "percentile": report.percentile,
+        "results": [
+            {
+                "trace": r.trace,
+                "policy": r.policy,
+                "queries": r.queries,
+                "attainment": r.attainment,
+                "costUsd": r.cost_usd,
+                "tailMs": r.tail_s * 1e3,
+                "recoveryS": [None if math.isinf(x) else x for x in r.recovery_s],
+                "scaleEvents": r.scale_events,
+            }
+            for r in report.results
+        ],
+        "skipped": [{"trace": t, "policy": p, "why": why} for t, p, why in report.skipped],
+    }

@@ -118,11 +118,10 @@ class DagRun:
                 return None
             inputs[input_name] = self._values[ref.stage][ref.tensor]
         if node.condition is not None:
-            if any(stage in self.skipped for stage, _ in node.condition.refs if stage):
-                return None
-            views = {
+            views = {  # a skipped stage is absent: has() is false, reading it skips
                 stage: _ArrayView(self._values[stage])
                 for stage in {s for s, _ in node.condition.refs}
+                if stage not in self.skipped
             }
             try:
                 if not node.condition(views):

@@ -25,7 +25,13 @@ from pydantic import ValidationError
 
 from sloline.spec.models import PredictionPipeline
 from sloline.spec.paths import PathEscape, locate_module, resolve_inside, spec_files
-from sloline.spec.validate import Issue, PipelineError, PipelineGraph, build_graph
+from sloline.spec.validate import (
+    Issue,
+    PipelineError,
+    PipelineGraph,
+    build_graph,
+    reference_issues,
+)
 
 MODEL_DIR_ENV = "SLOLINE_MODEL_DIR"
 
@@ -82,7 +88,10 @@ def parse_pipeline(data: Any, source: str = "pipeline") -> PipelineGraph:
     try:
         pipeline = PredictionPipeline.model_validate(data)
     except ValidationError as exc:
-        raise PipelineError([_issue(e) for e in exc.errors()], source) from None
+        issues = [_issue(e) for e in exc.errors()]
+        seen = {issue.path for issue in issues}  # a reference check of a mistyped field
+        issues += [i for i in reference_issues(data) if i.path not in seen]
+        raise PipelineError(issues, source) from None
     try:
         return build_graph(pipeline)
     except PipelineError as exc:

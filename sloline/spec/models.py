@@ -105,8 +105,10 @@ class StageSpec(SpecModel):
     when: str | None = Field(
         default=None,
         max_length=1024,
-        description="Condition over upstream outputs, e.g. `fast.confidence < 0.85`; "
-        "the stage runs only when it is true. At most 1024 characters and 32 levels of "
+        description="CEL condition over upstream outputs, e.g. "
+        "`fast.probabilities[0] < 0.9 && !has(slow.score)`; the stage runs only when it is "
+        "true. Supports comparisons, `&& || !`, arithmetic, indexing, `has()`, `size()` and "
+        "`max min sum mean abs any all` over a tensor. At most 1024 characters and 32 levels of "
         "syntax tree; an error while evaluating it (division by zero, numpy overflow or "
         "invalid value, shape mismatch) fails that request with 500 naming the condition.",
     )

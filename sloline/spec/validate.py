@@ -8,7 +8,9 @@ and a reason, all of them at once, so a user fixes a file in one pass.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from sloline.common.trace import MAX_PLANNING_ARRIVALS, arrival_problem
 from sloline.spec.condition import Condition, ConditionError, parse_condition
@@ -103,7 +105,7 @@ class _Names:
 
     stages: set[str]
     inputs: set[str]
-    outputs: dict[str, dict[str, TensorSpec]]
+    outputs: Mapping[str, Mapping[str, object]]
 
 
 def build_graph(pipeline: PredictionPipeline) -> PipelineGraph:
@@ -220,19 +222,73 @@ def _stage_node(i: int, stage: StageSpec, names: _Names) -> tuple[StageNode, lis
         refs.append((item.name, ref, item.optional))
     condition = None
     if stage.when is not None:
-        try:
-            condition = parse_condition(stage.when)
-        except ConditionError as exc:
-            issues.append(Issue(f"{path}.when", str(exc)))
-        else:
-            for ref_stage, tensor_name in sorted(condition.refs):
-                ref = Ref(ref_stage, tensor_name)
-                problem = _check_ref(ref, stage.name, names.inputs, names.outputs)
-                if problem:
-                    issues.append(Issue(f"{path}.when", problem))
-                elif ref.stage and ref.stage not in deps:
-                    deps.append(ref.stage)
+        condition, found, read = _condition(stage.when, stage.name, names, f"{path}.when")
+        issues += found
+        deps += [name for name in read if name not in deps]
     return StageNode(stage, i, tuple(deps), tuple(refs), condition), issues
+
+
+def _condition(
+    text: str, stage: str, names: _Names, path: str
+) -> tuple[Condition | None, list[Issue], list[str]]:
+    """The stage's parsed condition, its problems and the stages it reads."""
+    try:
+        condition = parse_condition(text)
+    except ConditionError as exc:
+        return None, [Issue(path, str(exc))], []
+    issues, read = [], []
+    for ref_stage, tensor_name in sorted(condition.refs):
+        ref = Ref(ref_stage, tensor_name)
+        problem = _check_ref(ref, stage, names.inputs, names.outputs)
+        if problem:
+            issues.append(Issue(path, problem))
+        elif ref.stage:
+            read.append(ref.stage)
+    return condition, issues, read
+
+
+def reference_issues(data: Mapping[str, Any]) -> list[Issue]:
+    """The reference checks of `build_graph` (`from`, `when`, `output`) on a decoded
+    document whose types are wrong, so that they are reported beside the type errors;
+    parts of the wrong shape are left to those."""
+    spec = data.get("spec")
+    if not isinstance(spec, dict):
+        return []
+    named = [(i, s) for i, s in enumerate(_dicts(spec.get("stages"))) if _str(s, "name")]
+    names = _Names(
+        {s["name"] for _, s in named},
+        {t["name"] for t in _dicts(spec.get("inputs")) if _str(t, "name")},
+        {
+            s["name"]: {t["name"]: None for t in _dicts(s.get("outputs")) if _str(t, "name")}
+            for _, s in named
+        },
+    )
+    issues = []
+    for i, stage in named:
+        for j, item in enumerate(_dicts(stage.get("inputs"))):
+            if _str(item, "from"):
+                ref = Ref.parse(item["from"], names.stages)
+                problem = _check_ref(ref, stage["name"], names.inputs, names.outputs)
+                if problem:
+                    issues.append(Issue(f"spec.stages[{i}].inputs[{j}].from", problem))
+        if _str(stage, "when"):
+            issues += _condition(stage["when"], stage["name"], names, f"spec.stages[{i}].when")[1]
+    if _str(spec, "output") and spec["output"] not in names.stages:
+        issues.append(
+            Issue(
+                "spec.output", f"no stage named {spec['output']!r}; stages: {sorted(names.stages)}"
+            )
+        )
+    return issues
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    """A list's items as mappings (others as empty ones, so positions hold)."""
+    return [v if isinstance(v, dict) else {} for v in value] if isinstance(value, list) else []
+
+
+def _str(item: Mapping[str, Any], key: str) -> bool:
+    return isinstance(item.get(key), str)
 
 
 def _check_model(stage: StageSpec, path: str) -> list[Issue]:
@@ -254,7 +310,7 @@ def _check_model(stage: StageSpec, path: str) -> list[Issue]:
 
 
 def _check_ref(
-    ref: Ref, stage: str, inputs: set[str], outputs: dict[str, dict[str, TensorSpec]]
+    ref: Ref, stage: str, inputs: set[str], outputs: Mapping[str, Mapping[str, object]]
 ) -> str | None:
     if not ref.stage:
         if ref.tensor in inputs:

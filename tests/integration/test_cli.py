@@ -32,7 +32,7 @@ def sloline(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_validate_ok_and_invalid_files(tmp_path: Path) -> None:
     ok = sloline("validate", str(NOOP))
-    assert ok.returncode == 0 and "s1 -> s2 -> s3" in ok.stdout
+    assert ok.returncode == 0 and "  s1 -> s2\n  s2 -> s3" in ok.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         NOOP.read_text().replace("from: s1.x", "from: s9.x").replace("output: s3", "output: nope")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -114,3 +115,12 @@ def test_simulate_rejects_a_trace_file_the_planner_cannot_plan_for(
     assert main(["simulate", "p.yaml", "--trace", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"--trace: {path}: " in err and reason in err and "Traceback" not in err
+
+
+@pytest.mark.usefixtures("planned")
+def test_simulate_json_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "p.yaml", "--trace", "spike", "--scale", "0.1", "--policies", "plan"]
+    assert main([*argv, "-o", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (row,) = report["results"]
+    assert row["trace"] == "spike" and row["policy"] == "plan" and 0 <= row["attainment"] <= 1
