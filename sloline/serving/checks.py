@@ -157,10 +157,14 @@ class RequestChecks:
         """The answer's outputs: the ones requested (checked by `outputs`), in the order
         asked for, all when none was; with the leading batch dimension the inputs had
         (`count` rows stacked, in order; None: the one row as it is)."""
+        if count is None:
+            outputs = rows[0]
+            return outputs if requested is None else {name: outputs[name] for name in requested}
+        if count == 1:
+            one = rows[0] if requested is None else {name: rows[0][name] for name in requested}
+            return {n: Tensor(t.datatype, (1, *t.shape), t.data) for n, t in one.items()}
         if requested is None:
             requested = tuple(rows[0])
-        if count is None:
-            return {name: rows[0][name] for name in requested}
         out = {}
         for name in requested:
             try:
