@@ -5,12 +5,20 @@ REST and gRPC adapters translate their wire formats into these types and call on
 request forwarded from the front door to a worker and back is never converted to Python
 lists; numpy views are made only where a value is read (conditions, JSON responses).
 Tensors a worker returned are views of the received message (`wire.py`), not copies.
+
+BYTES tensors (text, encoded images) are variable-length: their raw form is Triton's,
+each element as a 4-byte little-endian length followed by its bytes, in row-major order
+(what the REST binary extension and gRPC's raw contents carry). As numpy they are object
+arrays whose elements are `bytes`.
 """
 
 from __future__ import annotations
 
+import math
+import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 
@@ -27,8 +35,11 @@ DTYPES: dict[str, np.dtype[Any]] = {
     "FP16": np.dtype(np.float16),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
 }
 DATATYPE_OF: dict[np.dtype[Any], str] = {v: k for k, v in DTYPES.items()}
+BYTES: Final = "BYTES"
+_LENGTH: Final = struct.Struct("<I")
 
 # Named numpy arrays: one request's inputs, or one stage's outputs for one request.
 Arrays = dict[str, np.ndarray]
@@ -38,7 +49,65 @@ def datatype_of(array: np.ndarray) -> str:
     try:
         return DATATYPE_OF[array.dtype]
     except KeyError:
+        if array.dtype.kind in "SU":  # numpy bytes and str arrays travel as BYTES
+            return BYTES
         raise TypeError(f"dtype {array.dtype} has no Open Inference Protocol datatype") from None
+
+
+def serialize_bytes(elements: np.ndarray | Sequence[object]) -> bytes:
+    """The raw form of BYTES elements (row-major): each a 4-byte little-endian length and
+    its bytes. Elements are `bytes` (or anything `bytes()` takes but an int) or `str`
+    (UTF-8); anything else raises `TypeError`."""
+    flat = elements.reshape(-1) if isinstance(elements, np.ndarray) else elements
+    parts: list[bytes] = []
+    for element in flat:
+        if isinstance(element, str):
+            data = element.encode()
+        elif isinstance(element, bytes | bytearray | memoryview):
+            data = bytes(element)
+        else:
+            raise TypeError(f"a BYTES element must be bytes or str, got {type(element).__name__}")
+        parts += (_LENGTH.pack(len(data)), data)
+    return b"".join(parts)
+
+
+def _spans(data: bytes | memoryview, count: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each of `count` BYTES elements in `data`; `ValueError` saying what
+    is wrong unless they fill it exactly."""
+    size = len(data)
+    position = 0
+    for index in range(count):
+        if position + 4 > size:
+            raise ValueError(
+                f"BYTES data ends at byte {size} where element {index} of {count} should "
+                "start with its 4-byte length"
+            )
+        (length,) = _LENGTH.unpack_from(data, position)
+        start = position + 4
+        position = start + length
+        if position > size:
+            raise ValueError(
+                f"BYTES element {index} says it has {length} bytes but only {size - start} remain"
+            )
+        yield start, position
+    if position != size:
+        raise ValueError(f"BYTES data has {size - position} bytes after its {count} elements")
+
+
+def check_bytes(data: bytes | memoryview, count: int) -> None:
+    """`ValueError` unless `data` is exactly `count` length-prefixed BYTES elements."""
+    for _ in _spans(data, count):
+        pass
+
+
+def deserialize_bytes(data: bytes | memoryview, shape: Sequence[int]) -> np.ndarray:
+    """BYTES raw data -> an object array of `bytes` of `shape` (`ValueError` if malformed)."""
+    count = math.prod(shape)
+    array = np.empty(count, dtype=object)
+    view = memoryview(data)
+    for index, (start, end) in enumerate(_spans(view, count)):
+        array[index] = bytes(view[start:end])
+    return array.reshape(shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +123,48 @@ class Tensor:
 
     @staticmethod
     def from_array(array: np.ndarray) -> Tensor:
+        datatype = datatype_of(array)
+        if datatype == BYTES:
+            return Tensor(datatype, tuple(array.shape), serialize_bytes(array))
         array = np.ascontiguousarray(array)
-        return Tensor(datatype_of(array), tuple(array.shape), array.tobytes())
+        return Tensor(datatype, tuple(array.shape), array.tobytes())
 
     def array(self) -> np.ndarray:
-        """A read-only numpy view of the bytes (no copy)."""
+        """A read-only numpy view of the bytes (no copy); BYTES: an object array of
+        `bytes` elements (decoded, a copy)."""
+        if self.datatype == BYTES:
+            return deserialize_bytes(self.data, self.shape)
         return np.frombuffer(self.data, dtype=DTYPES[self.datatype]).reshape(self.shape)
+
+    def split_rows(self) -> list[Tensor]:
+        """The tensor's rows (along its first dimension), as views of its data."""
+        rows, shape = self.shape[0], self.shape[1:]
+        view = memoryview(self.data)
+        if self.datatype == BYTES:
+            per_row = math.prod(shape)
+            if per_row:
+                ends = [end for _, end in _spans(view, rows * per_row)][per_row - 1 :: per_row]
+            else:
+                ends = [0] * rows
+            starts = [0, *ends[:-1]]
+        else:
+            size = len(view) // rows if rows else 0
+            starts = list(range(0, rows * size, size))
+            ends = [start + size for start in starts]
+        return [Tensor(self.datatype, shape, view[a:b]) for a, b in zip(starts, ends, strict=True)]
+
+    @staticmethod
+    def join_rows(rows: Sequence[Tensor]) -> Tensor:
+        """One tensor stacking `rows` (same datatype and shape) along a new first
+        dimension; `ValueError` when their shapes or datatypes differ."""
+        first = rows[0]
+        for row in rows[1:]:
+            if row.shape != first.shape or row.datatype != first.datatype:
+                raise ValueError(
+                    f"rows have different shapes or datatypes ({first.datatype} "
+                    f"{list(first.shape)} and {row.datatype} {list(row.shape)})"
+                )
+        return Tensor(first.datatype, (len(rows), *first.shape), b"".join(r.data for r in rows))
 
     @property
     def nbytes(self) -> int:

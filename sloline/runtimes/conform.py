@@ -53,9 +53,31 @@ def safe_cast(source: np.dtype[Any], target: np.dtype[Any]) -> bool:
     is what the declaration asks for. Anything that can change values (float -> int,
     int64 -> int32, signed -> unsigned) is not.
     """
+    if source.kind == "O" or target.kind == "O":  # BYTES: see `bytes_array`
+        return source == target
     if source == target or np.can_cast(source, target, casting="safe"):
         return True
     return source.kind == "f" and target.kind == "f"
+
+
+def bytes_array(array: np.ndarray) -> np.ndarray | None:
+    """A BYTES value as an object array of `bytes` (str elements UTF-8 encoded), or None
+    when `array` holds something else. numpy `S` arrays drop trailing NUL bytes: return
+    object arrays for binary data."""
+    if array.dtype.kind in "SU":
+        array = array.astype(object)
+    elif array.dtype.kind != "O":
+        return None
+    out = np.empty(array.shape, dtype=object)
+    flat = out.reshape(-1)
+    for index, element in enumerate(array.reshape(-1)):
+        if isinstance(element, str):
+            flat[index] = element.encode()
+        elif isinstance(element, bytes):
+            flat[index] = element
+        else:
+            return None
+    return out
 
 
 def cast_hint(source: np.dtype[Any], datatype: str) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from sloline.runtimes.base import Item, ListRuntime, ModelError, Runtime
-from sloline.runtimes.conform import cast_hint, dims_match, dtype_of, safe_cast
+from sloline.runtimes.conform import bytes_array, cast_hint, dims_match, dtype_of, safe_cast
 from sloline.runtimes.onnx import OnnxRuntime
 from sloline.runtimes.python import load_python
 from sloline.runtimes.torchscript import TorchScriptRuntime
@@ -108,8 +108,9 @@ class StageRunner:
                 "input_specs to load_stage), or pass sample items"
             )
         zeros = {
-            name: np.zeros(
+            name: np.full(
                 [1 if d == -1 else d for d in specs[name].shape],
+                b"" if specs[name].datatype == "BYTES" else 0,
                 dtype=dtype_of(specs[name].datatype),
             )
             for name in names
@@ -160,6 +161,15 @@ class StageRunner:
                 "outputs[].name"
             )
         array = np.asarray(outputs[spec.name])
+        if spec.datatype == "BYTES":
+            converted = bytes_array(array)
+            if converted is None:
+                raise ModelError(
+                    f"stage {self.name!r}: output {spec.name!r} is declared BYTES but is "
+                    f"{array.dtype} ({array.dtype.kind}); return an object array of bytes "
+                    "(or str) elements"
+                )
+            return converted
         want = dtype_of(spec.datatype)
         if array.dtype == want:
             return array

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from sloline.common.tensors import InvalidInput, ModelNotFound, Tensor
+from sloline.common.tensors import InvalidInput, ModelNotFound, StageFailed, Tensor
 from sloline.spec import PipelineGraph
 
 # A router serves one version of its pipeline; OIP clients may name it.
@@ -34,8 +34,10 @@ class RequestChecks:
         default_timeout_s: float,
         max_timeout_factor: float,
         max_timeout_s: float,
+        max_rows: int = 64,
     ) -> None:
         self.name = graph.name
+        self.max_rows = max_rows
         self._slo_s = graph.pipeline.spec.slo.latency_ms / 1000.0
         self._inputs = {t.name: t for t in graph.pipeline.spec.inputs}
         self._outputs = frozenset(t.name for t in graph.output.spec.outputs)
@@ -53,14 +55,16 @@ class RequestChecks:
                 f"model {name!r} has no version {version!r}; it has {list(VERSIONS)}"
             )
 
-    def inputs(self, given: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], bool]:
-        """Check names, datatypes and shapes; strip a leading batch dim of 1 if present
-        (the flag says so, for `shape_outputs` to put it back)."""
+    def inputs(self, given: Mapping[str, Tensor]) -> tuple[list[dict[str, Tensor]], int | None]:
+        """Check names, datatypes and shapes; return each row's inputs and the number of
+        rows: a request without a leading batch dimension is one row (None), one with
+        a leading dimension N is N rows (1 to `max_rows`), each served as a request of
+        its own and answered together (`shape_outputs`)."""
         unknown = sorted(set(given) - set(self._inputs))
         if unknown:
             raise InvalidInput(f"unknown input(s) {unknown}; expected {sorted(self._inputs)}")
         inputs: dict[str, Tensor] = {}
-        batched: set[bool] = set()
+        leads: set[int | None] = set()
         for name, spec in self._inputs.items():
             tensor = given.get(name)
             if tensor is None:
@@ -70,22 +74,36 @@ class RequestChecks:
                     f"input {name!r} has datatype {tensor.datatype}, expected {spec.datatype}"
                 )
             shape = tensor.shape
-            if len(shape) == len(spec.shape) + 1 and shape[0] == 1:
-                shape, lead = shape[1:], True
-            else:
-                lead = False
+            lead = None
+            if len(shape) == len(spec.shape) + 1:
+                lead, shape = shape[0], shape[1:]
             if len(shape) != len(spec.shape) or any(
                 want not in (-1, got) for want, got in zip(spec.shape, shape, strict=True)
             ):
                 raise InvalidInput(
                     f"input {name!r} has shape {list(tensor.shape)}, expected {spec.shape} "
-                    f"or [1, {', '.join(map(str, spec.shape))}] (-1 = any size)"
+                    f"or [N, {', '.join(map(str, spec.shape))}] for N rows, N at most "
+                    f"{self.max_rows} (-1 = any size)"
                 )
-            batched.add(lead)
-            inputs[name] = Tensor(tensor.datatype, shape, tensor.data) if lead else tensor
-        if len(batched) > 1:
-            raise InvalidInput("inputs mix shapes with and without a leading batch dim of 1")
-        return inputs, batched.pop()
+            if lead is not None and not 1 <= lead <= self.max_rows:
+                raise InvalidInput(
+                    f"input {name!r} has {lead} rows (shape {list(tensor.shape)}); a request "
+                    f"takes 1 to {self.max_rows} rows (the router's max_rows): split it"
+                )
+            leads.add(lead)
+            inputs[name] = tensor
+        if len(leads) > 1:
+            raise InvalidInput(
+                "inputs disagree on their leading batch dimension (rows): "
+                + ", ".join(f"{n} {list(t.shape)}" for n, t in inputs.items())
+            )
+        rows = leads.pop()
+        if rows is None:
+            return [inputs], None
+        if rows == 1:
+            return [{n: Tensor(t.datatype, t.shape[1:], t.data) for n, t in inputs.items()}], 1
+        split = {n: t.split_rows() for n, t in inputs.items()}
+        return [{n: parts[i] for n, parts in split.items()} for i in range(rows)], rows
 
     def timeout(self, parameters: Mapping[str, Any]) -> float:
         """The request's deadline in seconds: `timeout_ms`, a finite number of
@@ -134,12 +152,26 @@ class RequestChecks:
 
     @staticmethod
     def shape_outputs(
-        outputs: dict[str, Tensor], requested: tuple[str, ...] | None, batched: bool
+        rows: list[dict[str, Tensor]], requested: tuple[str, ...] | None, count: int | None
     ) -> dict[str, Tensor]:
         """The answer's outputs: the ones requested (checked by `outputs`), in the order
-        asked for, all when none was; with the leading batch dim of 1 the inputs had."""
-        if requested is not None:
-            outputs = {name: outputs[name] for name in requested}
-        if batched:
-            outputs = {n: Tensor(t.datatype, (1, *t.shape), t.data) for n, t in outputs.items()}
-        return outputs
+        asked for, all when none was; with the leading batch dimension the inputs had
+        (`count` rows stacked, in order; None: the one row as it is)."""
+        if count is None:
+            outputs = rows[0]
+            return outputs if requested is None else {name: outputs[name] for name in requested}
+        if count == 1:
+            one = rows[0] if requested is None else {name: rows[0][name] for name in requested}
+            return {n: Tensor(t.datatype, (1, *t.shape), t.data) for n, t in one.items()}
+        if requested is None:
+            requested = tuple(rows[0])
+        out = {}
+        for name in requested:
+            try:
+                out[name] = Tensor.join_rows([row[name] for row in rows])
+            except ValueError as exc:
+                raise StageFailed(
+                    f"output {name!r}: the request's rows cannot be stacked: {exc}; send "
+                    "them as separate requests"
+                ) from None
+        return out

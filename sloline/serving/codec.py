@@ -18,6 +18,8 @@ also the hot path, so typed data goes straight into numpy.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from collections.abc import Iterator
 from typing import Final
@@ -25,7 +27,7 @@ from typing import Final
 import numpy as np
 import orjson
 
-from sloline.common.tensors import DTYPES, InvalidInput, Tensor
+from sloline.common.tensors import BYTES, DTYPES, InvalidInput, Tensor, check_bytes, serialize_bytes
 
 SERVER_NAME: Final = "sloline"
 # OIP extensions both front doors implement (reported by `GET /v2` and ServerMetadata).
@@ -41,7 +43,7 @@ _JSON_WIDEN: Final = {np.dtype(np.float16): np.dtype(np.float32)}
 
 def check_datatype(value: object, where: str) -> str:
     if not isinstance(value, str) or value not in DTYPES:
-        why = " (sloline serves numeric tensors only)" if value in ("BYTES", "BF16") else ""
+        why = " (sloline does not serve BF16)" if value == "BF16" else ""
         raise InvalidInput(
             f"{where} has unsupported datatype {value!r}{why}; use one of {_SUPPORTED}"
         )
@@ -61,6 +63,14 @@ def check_shape(value: object, where: str) -> tuple[int, ...]:
 def tensor_from_raw(
     where: str, datatype: str, shape: tuple[int, ...], data: bytes | memoryview
 ) -> Tensor:
+    if datatype == BYTES:
+        try:
+            check_bytes(data, math.prod(shape))
+        except ValueError as exc:
+            raise InvalidInput(
+                f"{where} has malformed BYTES raw data for shape {list(shape)}: {exc}"
+            ) from None
+        return Tensor(datatype, shape, data)
     expected = math.prod(shape) * DTYPES[datatype].itemsize
     if len(data) != expected:
         raise InvalidInput(
@@ -127,10 +137,46 @@ def _conversion_error(where: str, datatype: str, data: object, kind: str) -> Inv
     return out_of_range
 
 
-def tensor_from_values(where: str, datatype: str, shape: tuple[int, ...], data: object) -> Tensor:
-    """Tensor from JSON `data` (flat or nested, row-major); checks type, range and count."""
+# The tensor parameter saying JSON BYTES values are base64 (MLServer's convention); without
+# it they are UTF-8 text.
+CONTENT_TYPE: Final = "content_type"
+BASE64: Final = "base64"
+
+
+def _bytes_from_values(
+    where: str, shape: tuple[int, ...], data: list[object], encoded: bool
+) -> Tensor:
+    values = list(_walk(data))
+    count = math.prod(shape)
+    if len(values) != count:
+        raise InvalidInput(
+            f"{where} has {len(values)} values but shape {list(shape)} needs {count}"
+        )
+    odd = next((v for v in values if not isinstance(v, str)), _NOTHING)
+    if odd is not _NOTHING:
+        raise InvalidInput(
+            f"{where} is BYTES and needs JSON strings, got {orjson.dumps(odd).decode()}"
+        )
+    if not encoded:
+        return Tensor(BYTES, shape, serialize_bytes(values))
+    try:
+        elements = [base64.b64decode(v, validate=True) for v in values]  # type: ignore[arg-type]
+    except (binascii.Error, ValueError):
+        raise InvalidInput(
+            f"{where} has {CONTENT_TYPE} {BASE64} but a value is not base64"
+        ) from None
+    return Tensor(BYTES, shape, serialize_bytes(elements))
+
+
+def tensor_from_values(
+    where: str, datatype: str, shape: tuple[int, ...], data: object, *, base64_data: bool = False
+) -> Tensor:
+    """Tensor from JSON `data` (flat or nested, row-major); checks type, range and count.
+    BYTES values are strings: UTF-8 text, or base64 when `base64_data`."""
     if not isinstance(data, list):
         raise InvalidInput(f"{where} has data {data!r}; expected a JSON array")
+    if datatype == BYTES:
+        return _bytes_from_values(where, shape, data, base64_data)
     count = math.prod(shape)
     dtype = DTYPES[datatype]
     try:
@@ -174,8 +220,15 @@ def tensor_from_values(where: str, datatype: str, shape: tuple[int, ...], data: 
     return Tensor(datatype, shape, array.tobytes())
 
 
-def json_values(tensor: Tensor) -> np.ndarray:
-    """The flat array JSON carries for `tensor` (FP16 widened to FP32, exactly)."""
+def json_values(tensor: Tensor) -> tuple[np.ndarray | list[str], bool]:
+    """The flat array JSON carries for `tensor` (FP16 widened to FP32, exactly), and
+    whether it is base64: BYTES elements are UTF-8 text when all of them decode, else all
+    base64."""
     array = tensor.array().reshape(-1)
+    if tensor.datatype == BYTES:
+        try:
+            return [element.decode() for element in array], False
+        except UnicodeDecodeError:
+            return [base64.b64encode(element).decode() for element in array], True
     widened = _JSON_WIDEN.get(array.dtype)
-    return array if widened is None else array.astype(widened)
+    return (array if widened is None else array.astype(widened)), False

@@ -13,12 +13,14 @@ import numpy as np
 import orjson
 
 from sloline.common.tensors import (
+    BYTES,
     DTYPES,
     InferRequest,
     InferResponse,
     InvalidInput,
     ModelMetadata,
     Tensor,
+    serialize_bytes,
 )
 from sloline.serving.codec import check_datatype, check_finite, check_shape, tensor_from_raw
 from sloline.serving.proto import grpc_service_pb2 as pb
@@ -80,6 +82,19 @@ def _from_contents(
     where: str, datatype: str, shape: tuple[int, ...], contents: pb.InferTensorContents
 ) -> Tensor:
     present = [f for f in _CONTENT_FIELDS if len(getattr(contents, f))]
+    if datatype == BYTES:
+        if present and present != ["bytes_contents"]:
+            raise InvalidInput(
+                f"{where} is BYTES and needs its values in contents.bytes_contents, "
+                f"got {', '.join('contents.' + f for f in present)}"
+            )
+        elements = contents.bytes_contents
+        count = math.prod(shape)
+        if len(elements) != count:
+            raise InvalidInput(
+                f"{where} has {len(elements)} values but shape {list(shape)} needs {count}"
+            )
+        return Tensor(BYTES, shape, serialize_bytes(list(elements)))
     entry = _CONTENTS.get(datatype)
     if entry is None:
         raise InvalidInput(f"{where} is {datatype}, which has no typed contents; send it raw")
@@ -171,6 +186,8 @@ def request_to_proto(request: InferRequest, *, raw: bool = True) -> pb.ModelInfe
         spec = message.inputs.add(name=name, datatype=tensor.datatype, shape=tensor.shape)
         if raw:
             message.raw_input_contents.append(_bytes(tensor.data))
+        elif tensor.datatype == BYTES:
+            spec.contents.bytes_contents.extend(tensor.array().reshape(-1).tolist())
         else:
             if tensor.datatype not in _CONTENTS:
                 raise InvalidInput(f"input {name!r} is {tensor.datatype}; it can only be sent raw")

@@ -23,6 +23,8 @@ import orjson
 
 from sloline.common.tensors import InferRequest, InferResponse, InvalidInput, ModelMetadata, Tensor
 from sloline.serving.codec import (
+    BASE64,
+    CONTENT_TYPE,
     check_datatype,
     check_finite,
     check_shape,
@@ -209,11 +211,13 @@ class _BinarySection:
 def _input_from_json(where: str, spec: dict[str, Any], binary: _BinarySection) -> Tensor:
     datatype = check_datatype(spec.get("datatype"), where)
     shape = check_shape(spec.get("shape"), where)
-    size = _object(spec.get("parameters", {}), f"{where} 'parameters'").get(BINARY_DATA_SIZE)
+    params = _object(spec.get("parameters", {}), f"{where} 'parameters'")
+    size = params.get(BINARY_DATA_SIZE)
     if size is None:
         if "data" not in spec:
             raise InvalidInput(f"{where} has neither 'data' nor parameters.{BINARY_DATA_SIZE}")
-        return tensor_from_values(where, datatype, shape, spec["data"])
+        encoded = params.get(CONTENT_TYPE) == BASE64
+        return tensor_from_values(where, datatype, shape, spec["data"], base64_data=encoded)
     if "data" in spec:
         raise InvalidInput(f"{where} has both 'data' and parameters.{BINARY_DATA_SIZE}")
     return tensor_from_raw(where, datatype, shape, binary.take(where, size))
@@ -248,6 +252,13 @@ def _requested_outputs(
     return tuple(names), frozenset(binary)
 
 
+def _put_values(spec: dict[str, Any], tensor: Tensor) -> None:
+    """A tensor's values as JSON `data` (BYTES as text, or base64 saying so)."""
+    spec["data"], encoded = json_values(tensor)
+    if encoded:
+        spec["parameters"] = {CONTENT_TYPE: BASE64}
+
+
 def _rest_body(doc: dict[str, Any], blobs: list[bytes | memoryview]) -> RestBody:
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
@@ -266,7 +277,7 @@ def encode_rest_response(request: InferRequest, response: InferResponse) -> Rest
             out["parameters"] = {BINARY_DATA_SIZE: len(tensor.data)}
             blobs.append(tensor.data)
         else:
-            out["data"] = json_values(tensor)
+            _put_values(out, tensor)
         outputs.append(out)
     doc: dict[str, Any] = {"model_name": response.model_name}
     if request.model_version:
@@ -289,7 +300,7 @@ def encode_rest_request(request: InferRequest, *, binary: bool = True) -> RestBo
             spec["parameters"] = {BINARY_DATA_SIZE: len(tensor.data)}
             blobs.append(tensor.data)
         else:
-            spec["data"] = json_values(tensor)
+            _put_values(spec, tensor)
         inputs.append(spec)
     doc: dict[str, Any] = {"inputs": inputs}
     if request.id:
@@ -316,9 +327,16 @@ def decode_rest_response(body: Body, header_length: str | None = None) -> InferR
         where = f"output {name!r}"
         datatype = check_datatype(spec.get("datatype"), where)
         shape = check_shape(spec.get("shape"), where)
-        size = spec.get("parameters", {}).get(BINARY_DATA_SIZE)
+        params = spec.get("parameters", {})
+        size = params.get(BINARY_DATA_SIZE)
         if size is None:
-            outputs[name] = tensor_from_values(where, datatype, shape, spec.get("data"))
+            outputs[name] = tensor_from_values(
+                where,
+                datatype,
+                shape,
+                spec.get("data"),
+                base64_data=params.get(CONTENT_TYPE) == BASE64,
+            )
         else:
             outputs[name] = tensor_from_raw(where, datatype, shape, binary.take(where, size))
     binary.check_consumed()

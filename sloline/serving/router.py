@@ -70,6 +70,8 @@ class RouterSettings:
     # timeout_ms may be at most the larger of factor x SLO latency and max_timeout_s
     max_timeout_factor: float = 60.0
     max_timeout_s: float = 600.0
+    # rows (leading batch dimension) one request may carry; each row is a queue item
+    max_rows: int = 64
     # Deadline-aware admission (`admission.py`): refuse at once (503) a request whose
     # estimated finish is past its budget: its timeout_ms when given, else
     # admission_factor x SLO (not the default deadline: admitting work that can only
@@ -172,6 +174,7 @@ class Router:
             default_timeout_s=default_timeout_s,
             max_timeout_factor=s.max_timeout_factor,
             max_timeout_s=s.max_timeout_s,
+            max_rows=s.max_rows,
         )
         stall_s = max(30.0, 10.0 * self.slo_s)
         self.unready_after_s = stall_s if s.unready_after_s is None else s.unready_after_s
@@ -234,7 +237,7 @@ class Router:
         received = self.clock()
         checks = self.checks
         checks.model(request.model_name, request.model_version)
-        inputs, batched = checks.inputs(request.inputs)
+        rows, count = checks.inputs(request.inputs)
         timeout_s = checks.timeout(request.parameters)
         checks.priority(request.parameters)
         checks.outputs(request.outputs)
@@ -245,24 +248,30 @@ class Router:
             self._on_arrival(now)
         self._admit(timeout_s, request.parameters)
         self.metrics.admission.observe(self.clock() - received)
-        state: _Request | None = None
+        states: list[_Request] = []
         timer: asyncio.TimerHandle | None = None
         if self._inflight == 0:
             self._progress_at = now  # the stall clock starts with the first request
         self._inflight += 1
         try:
             loop = asyncio.get_running_loop()
-            state = _Request(DagRun(self._dag, inputs), loop.create_future(), now, now + timeout_s)
+            # One request per row, queued together (batchable), answered together.
+            states = [
+                _Request(DagRun(self._dag, row), loop.create_future(), now, now + timeout_s)
+                for row in rows
+            ]
+            state = states[0]
             if self._admission is not None:
                 state.estimate = self._admission.last_s
             if tracing.tracer is not None:
-                state.trace = tracing.current_context()
-            timer = loop.call_later(timeout_s, self._expire_request, state)
-            self._submit(state, state.run.start())
-            outputs = await state.future
+                context = tracing.current_context()
+                for row_state in states:
+                    row_state.trace = context
+            timer = loop.call_later(timeout_s, self._expire_request, *states)
+            outputs = await self._run_rows(states)
         except BaseException as exc:
-            if state is not None:
-                state.abandon()
+            for row_state in states:
+                row_state.abandon()
             if isinstance(exc, InferenceError):
                 self.metrics.answered(exc.status, None, self.slo_s)
                 self.stats.errors.add(self.clock(), 1.0)
@@ -274,7 +283,6 @@ class Router:
                 timer.cancel()
             self._inflight -= 1
             self._progress_at = self.clock()
-        assert state is not None
         end = self._progress_at
         latency_s = end - state.arrival
         self.metrics.answered(200, latency_s, self.slo_s)
@@ -282,8 +290,17 @@ class Router:
         if state.estimate == state.estimate:  # not NaN: admission estimated it
             self._admission.error.observe(latency_s - state.estimate)  # type: ignore[union-attr]
         return InferResponse(
-            self.name, checks.shape_outputs(outputs, request.outputs, batched), id=request.id
+            self.name, checks.shape_outputs(outputs, request.outputs, count), id=request.id
         )
+
+    async def _run_rows(self, states: list[_Request]) -> list[dict[str, Tensor]]:
+        """Submit each row's request (in order, so rows can share batches) and wait for
+        all: the first failure fails the request."""
+        for state in states:
+            self._submit(state, state.run.start())
+        if len(states) == 1:
+            return [await states[0].future]
+        return list(await asyncio.gather(*(state.future for state in states)))
 
     def _admit(self, timeout_s: float, parameters: Mapping[str, Any]) -> None:
         """Shed (503) what the router cannot take or cannot finish in time."""
@@ -339,14 +356,16 @@ class Router:
     def inflight(self) -> int:
         return self._inflight
 
-    def _expire_request(self, state: _Request) -> None:
-        state.fail(
-            DeadlineExceeded(
-                f"request did not finish within its deadline of "
-                f"{(state.deadline - state.arrival) * 1000:.0f} ms (pipeline SLO "
-                f"{self.slo_s * 1000:.0f} ms); the pipeline is overloaded or under-provisioned"
+    def _expire_request(self, *states: _Request) -> None:
+        for state in states:
+            state.fail(
+                DeadlineExceeded(
+                    f"request did not finish within its deadline of "
+                    f"{(state.deadline - state.arrival) * 1000:.0f} ms (pipeline SLO "
+                    f"{self.slo_s * 1000:.0f} ms); the pipeline is overloaded or "
+                    "under-provisioned"
+                )
             )
-        )
 
     def _perform(self, queue: StageQueue, step: Step, now: float) -> None:
         # `now` comes from the caller: nothing that can fail runs between the queue

@@ -27,7 +27,14 @@ from typing import Final
 
 import numpy as np
 
-from sloline.common.tensors import DTYPES, Tensor, datatype_of
+from sloline.common.tensors import (
+    BYTES,
+    DTYPES,
+    Tensor,
+    datatype_of,
+    deserialize_bytes,
+    serialize_bytes,
+)
 from sloline.serving.proto import worker_pb2 as pb
 
 SERVICE: Final = "sloline.worker.WorkerService"
@@ -148,15 +155,19 @@ def result_tensors(result: pb.Result, payload: memoryview) -> list[dict[str, Ten
 
 
 def batch_arrays(batch: pb.Batch, payload: memoryview) -> list[dict[str, np.ndarray]]:
-    """Each item's inputs as read-only numpy views of `payload`."""
+    """Each item's inputs as read-only numpy views of `payload` (BYTES: object arrays of
+    `bytes`, decoded)."""
     out: list[dict[str, np.ndarray]] = []
     offset = 0
     for item in batch.items:
         arrays = {}
         for t in item.tensors:
             end = offset + t.size
-            dtype = DTYPES[t.datatype]
-            arrays[t.name] = np.frombuffer(payload[offset:end], dtype=dtype).reshape(t.shape)
+            if t.datatype == BYTES:
+                arrays[t.name] = deserialize_bytes(payload[offset:end], t.shape)
+            else:
+                dtype = DTYPES[t.datatype]
+                arrays[t.name] = np.frombuffer(payload[offset:end], dtype=dtype).reshape(t.shape)
             offset = end
         out.append(arrays)
     if offset != len(payload):
@@ -183,9 +194,13 @@ def result_message(
         tensors = result.items.add().tensors
         for name, value in out.items():
             array = np.asarray(value)
-            tensors.add(
-                name=name, datatype=datatype_of(array), shape=array.shape, size=array.nbytes
-            )
+            datatype = datatype_of(array)
+            if datatype == BYTES:
+                data = serialize_bytes(array)
+                tensors.add(name=name, datatype=datatype, shape=array.shape, size=len(data))
+                buffers.append(data)
+                continue
+            tensors.add(name=name, datatype=datatype, shape=array.shape, size=array.nbytes)
             # ascontiguousarray would also turn a 0-d array into a 1-d one.
             contiguous = array if array.flags.c_contiguous else np.ascontiguousarray(array)
             buffers.append(contiguous.data)

@@ -19,7 +19,8 @@ from sloline.common.trace import MAX_PLANNING_ARRIVALS, MAX_RATE_RPS
 API_VERSION: Final = "sloline.dev/v1alpha1"
 KIND: Final = "PredictionPipeline"
 
-# Open Inference Protocol datatypes that sloline carries as fixed-width numpy arrays.
+# Open Inference Protocol datatypes: fixed-width numpy arrays, and BYTES (variable-length
+# elements, numpy object arrays of `bytes` in Python stages).
 Datatype = Literal[
     "BOOL",
     "UINT8",
@@ -33,6 +34,7 @@ Datatype = Literal[
     "FP16",
     "FP32",
     "FP64",
+    "BYTES",
 ]
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

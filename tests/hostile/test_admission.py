@@ -524,7 +524,7 @@ async def test_arrivals_count_valid_requests_including_shed_ones_but_not_invalid
     for bad in (math.nan, math.inf, "x", True):
         with pytest.raises(InvalidInput):
             await router.infer(request(bad))
-    wrong_shape = InferRequest("noop", {"x": Tensor.from_array(np.zeros((2, 2), np.float32))})
+    wrong_shape = InferRequest("noop", {"x": Tensor.from_array(np.zeros((2, 2, 2), np.float32))})
     with pytest.raises(InvalidInput):
         await router.infer(wrong_shape)
     assert seen == [] and len(router.stats.arrivals.since(0.0)) == 0

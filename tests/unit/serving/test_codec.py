@@ -29,15 +29,16 @@ FAST = settings(max_examples=60, deadline=None)
 @st.composite
 def tensors(draw: st.DrawFn, *, json_safe: bool = False, typed: bool = False) -> Tensor:
     """Any tensor; `json_safe` keeps floats finite (all JSON can carry, and all a request's
-    inputs may hold), `typed` avoids FP16 (no typed field)."""
+    inputs may hold), `typed` avoids FP16 (no typed field); BYTES elements are any bytes."""
     names = [n for n in DTYPES if not (typed and n == "FP16")]
     datatype = draw(st.sampled_from(names))
     dtype = DTYPES[datatype]
-    elements = (
-        st.floats(width=dtype.itemsize * 8, **JSON_SAFE)
-        if json_safe and (dtype.kind == "f")
-        else None
-    )
+    if datatype == "BYTES":  # any bytes: JSON carries them as text or base64
+        elements = st.binary(max_size=8)
+    elif json_safe and dtype.kind == "f":
+        elements = st.floats(width=dtype.itemsize * 8, **JSON_SAFE)
+    else:
+        elements = None
     array = draw(hnp.arrays(dtype, draw(SHAPES), elements=elements))
     return Tensor.from_array(array)
 
@@ -105,7 +106,7 @@ def test_rest_response_round_trip(
     assert list(decoded.outputs) == list(expected)  # in the plane's order
     assert decoded.id == "id7"
     doc = orjson.loads(encoded.body[: encoded.header_length])
-    raw = {o["name"] for o in doc["outputs"] if "parameters" in o}
+    raw = {o["name"] for o in doc["outputs"] if "binary_data_size" in o.get("parameters", {})}
     if asked is None:  # no outputs listed: binary_data_output alone decides
         assert raw == (set(expected) if default_binary else set())
     else:
@@ -184,7 +185,7 @@ BAD_REST = [
     (b'{"id": "a"}', None, "needs 'inputs'"),
     (b'{"inputs": []}', None, "needs 'inputs'"),
     (body_of({"inputs": [fp32_input(datatype="FP31")]})[0], None, "unsupported datatype 'FP31'"),
-    (body_of({"inputs": [fp32_input(datatype="BYTES")]})[0], None, "unsupported datatype 'BYTES'"),
+    (body_of({"inputs": [fp32_input(datatype="BF16")]})[0], None, "unsupported datatype 'BF16'"),
     (body_of({"inputs": [fp32_input(shape=[3])]})[0], None, "has 2 values but shape [3] needs 3"),
     (body_of({"inputs": [fp32_input(shape=[-1])]})[0], None, "negative dimension"),
     (body_of({"inputs": [fp32_input(shape="2")]})[0], None, "expected a list of integers"),
@@ -367,3 +368,36 @@ def test_tritonclient_http_bodies(binary: bool) -> None:
     result = httpclient.InferResult.from_response_body(encoded.body, False, encoded.header_length)
     np.testing.assert_array_equal(result.as_numpy("y"), y)
     assert result.get_response()["id"] == "42"
+
+
+def test_bytes_tensors_json_raw_and_malformed() -> None:
+    from sloline.common.tensors import Tensor, serialize_bytes
+    from sloline.serving.codec import json_values, tensor_from_raw, tensor_from_values
+
+    raw = serialize_bytes([b"ab", b"", "\u00e9"])
+    assert raw == b"\x02\x00\x00\x00ab\x00\x00\x00\x00\x02\x00\x00\x00\xc3\xa9"
+    tensor = tensor_from_raw("input 'x'", "BYTES", (3,), raw)
+    assert tensor.array().tolist() == [b"ab", b"", "\u00e9".encode()]
+    assert json_values(tensor) == (["ab", "", "\u00e9"], False)
+    assert tensor_from_values("input 'x'", "BYTES", (3,), ["ab", "", "\u00e9"]).data == raw
+    binary = Tensor.from_array(np.array([b"\xff\x00"], dtype=object))
+    assert json_values(binary) == (["/wA="], True)
+    back = tensor_from_values("input 'x'", "BYTES", (1,), ["/wA="], base64_data=True)
+    assert back.data == binary.data
+    with pytest.raises(InvalidInput, match=r"malformed BYTES raw data.*only 1 remain"):
+        tensor_from_raw("input 'x'", "BYTES", (1,), b"\x05\x00\x00\x00a")
+    with pytest.raises(InvalidInput, match="2 bytes after its 1 elements"):
+        tensor_from_raw("input 'x'", "BYTES", (1,), b"\x00\x00\x00\x00zz")
+    with pytest.raises(InvalidInput, match="needs JSON strings, got 3"):
+        tensor_from_values("input 'x'", "BYTES", (1,), [3])
+    with pytest.raises(InvalidInput, match="not base64"):
+        tensor_from_values("input 'x'", "BYTES", (1,), ["!!"], base64_data=True)
+
+
+def test_bytes_rows_split_and_join() -> None:
+    from sloline.common.tensors import Tensor
+
+    tensor = Tensor.from_array(np.array([[b"a", b"bc"], [b"", b"def"]], dtype=object))
+    rows = tensor.split_rows()
+    assert [r.array().tolist() for r in rows] == [[b"a", b"bc"], [b"", b"def"]]
+    assert Tensor.join_rows(rows) == Tensor(tensor.datatype, tensor.shape, tensor.data)
