@@ -239,6 +239,7 @@ class RouterServer:
             max_json_body_bytes=s.max_json_body_bytes,
             max_buffered_body_bytes=s.max_buffered_body_bytes,
             metrics_app=metrics,
+            triton=(self.router.name, self.router.triton_stats),
         )
         if tokens is not None:
             app = BearerAuth(app, tokens)

@@ -1,0 +1,158 @@
+"""Triton's model configuration, statistics and repository extensions over REST.
+
+Triton's tools (perf_analyzer, model-analyzer) and clients (`tritonclient.http`'s
+`get_model_config`, `get_inference_statistics`, `get_model_repository_index`) ask for these
+besides the Open Inference Protocol. The pipeline is one model (the router's name):
+
+- `GET /v2/models/{m}[/versions/{v}]/config`: its configuration, built from the model
+  metadata (batch dimension first, so `max_batch_size` 1 and `dims` without it);
+- `GET /v2/models[/{m}[/versions/{v}]]/stats`: `TritonStats`, counted by the router once
+  per request when it is answered (two integer adds and a clock read);
+- `POST /v2/repository/index`: the one model, READY when the router is;
+  `POST /v2/repository/models/{m}/load|unload` answer 400: sloline serves a fixed pipeline.
+
+Triton splits a request's time into queue, compute input, compute infer and compute
+output; a pipeline's request crosses several stage queues and workers, so sloline reports
+the request's whole time as `compute_infer` and 0 for the others. The per-stage queue and
+service times are in the Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from sloline.common.tensors import DataPlane, InvalidInput
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+_ZERO = {"count": 0, "ns": 0}
+
+
+class TritonStats:
+    """Per-model request counts and total durations (ns), Triton's statistics extension."""
+
+    __slots__ = (
+        "fail_count",
+        "fail_ns",
+        "last_inference_ms",
+        "rows",
+        "success_count",
+        "success_ns",
+    )
+
+    def __init__(self) -> None:
+        self.success_count = 0
+        self.success_ns = 0
+        self.fail_count = 0
+        self.fail_ns = 0
+        self.rows = 0
+        self.last_inference_ms = 0
+
+    def success(self, latency_s: float, rows: int) -> None:
+        self.success_count += 1
+        self.success_ns += int(latency_s * 1e9)
+        self.rows += rows
+        self.last_inference_ms = int(time.time() * 1000)
+
+    def fail(self, latency_s: float) -> None:
+        self.fail_count += 1
+        self.fail_ns += int(latency_s * 1e9)
+
+    def to_json(self, name: str, version: str) -> dict[str, Any]:
+        ok = {"count": self.success_count, "ns": self.success_ns}
+        return {
+            "name": name,
+            "version": version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.rows,
+            "execution_count": self.success_count,
+            "inference_stats": {
+                "success": ok,
+                "fail": {"count": self.fail_count, "ns": self.fail_ns},
+                "queue": {"count": self.success_count, "ns": 0},
+                "compute_input": {"count": self.success_count, "ns": 0},
+                "compute_infer": ok,
+                "compute_output": {"count": self.success_count, "ns": 0},
+                "cache_hit": _ZERO,
+                "cache_miss": _ZERO,
+            },
+            "batch_stats": [],
+        }
+
+
+def model_config(plane: DataPlane, name: str, version: str = "") -> dict[str, Any]:
+    """Triton's model configuration (JSON form) of the pipeline `name`."""
+    meta = plane.model_metadata(name, version)
+
+    def tensors(ts: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t.name,
+                "data_type": "TYPE_STRING" if t.datatype == "BYTES" else f"TYPE_{t.datatype}",
+                "dims": list(t.shape[1:]),
+            }
+            for t in ts
+        ]
+
+    return {
+        "name": meta.name,
+        "platform": meta.platform,
+        "backend": "",
+        "version_policy": {"specific": {"versions": [int(v) for v in meta.versions]}},
+        "max_batch_size": 1,
+        "input": tensors(meta.inputs),
+        "output": tensors(meta.outputs),
+    }
+
+
+def triton_routes(
+    plane: DataPlane,
+    name: str,
+    stats: TritonStats,
+    json: Callable[[Any], Response],
+    guarded: Callable[[Handler], Handler],
+) -> list[Route]:
+    """The REST routes of the extensions for the pipeline `name`, for the front door's
+    route table (before `/v2/models/{name}`, which would take `/v2/models/stats`)."""
+
+    def _version(request: Request) -> str:
+        return str(request.path_params.get("version", ""))
+
+    async def config(request: Request) -> Response:
+        return json(model_config(plane, request.path_params["name"], _version(request)))
+
+    async def model_stats(request: Request) -> Response:
+        if "name" in request.path_params:
+            plane.check_model(request.path_params["name"], _version(request))
+        version = plane.model_metadata(name).versions[-1]
+        return json({"model_stats": [stats.to_json(name, version)]})
+
+    async def index(_: Request) -> Response:
+        state = "READY" if plane.ready() else "UNAVAILABLE"
+        versions = plane.model_metadata(name).versions
+        return json([{"name": name, "version": v, "state": state} for v in versions])
+
+    async def load(request: Request) -> Response:
+        plane.check_model(request.path_params["name"])
+        raise InvalidInput(
+            "sloline serves a fixed pipeline: model load and unload are not supported"
+        )
+
+    model = "/v2/models/{name}"
+    versioned = "/v2/models/{name}/versions/{version}"
+    return [
+        Route("/v2/models/stats", guarded(model_stats), methods=["GET"]),
+        Route(f"{model}/config", guarded(config), methods=["GET"]),
+        Route(f"{versioned}/config", guarded(config), methods=["GET"]),
+        Route(f"{model}/stats", guarded(model_stats), methods=["GET"]),
+        Route(f"{versioned}/stats", guarded(model_stats), methods=["GET"]),
+        Route("/v2/repository/index", guarded(index), methods=["POST"]),
+        Route("/v2/repository/models/{name}/load", guarded(load), methods=["POST"]),
+        Route("/v2/repository/models/{name}/unload", guarded(load), methods=["POST"]),
+    ]
