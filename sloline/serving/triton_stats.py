@@ -1,4 +1,4 @@
-"""Triton's model configuration, statistics and repository extensions over REST.
+"""Triton's model configuration, statistics and repository extensions, REST and gRPC.
 
 Triton's tools (perf_analyzer, model-analyzer) and clients (`tritonclient.http`'s
 `get_model_config`, `get_inference_statistics`, `get_model_repository_index`) ask for these
@@ -10,6 +10,9 @@ besides the Open Inference Protocol. The pipeline is one model (the router's nam
   per request when it is answered (two integer adds and a clock read);
 - `POST /v2/repository/index`: the one model, READY when the router is;
   `POST /v2/repository/models/{m}/load|unload` answer 400: sloline serves a fixed pipeline.
+
+gRPC serves the same documents as Triton's `ModelConfig`, `ModelStatistics`,
+`RepositoryIndex` and `RepositoryModelLoad`/`Unload` RPCs (`TritonExtensions`).
 
 Triton splits a request's time into queue, compute input, compute infer and compute
 output; a pipeline's request crosses several stage queues and workers, so sloline reports
@@ -23,11 +26,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from google.protobuf import json_format
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from sloline.common.tensors import DataPlane, InvalidInput
+from sloline.serving.proto import grpc_service_pb2 as pb
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -111,47 +116,86 @@ def model_config(plane: DataPlane, name: str, version: str = "") -> dict[str, An
     }
 
 
+NOT_SUPPORTED = "sloline serves a fixed pipeline: model load and unload are not supported"
+
+
+class TritonExtensions:
+    """The extensions' documents for the pipeline `name` served by `plane`."""
+
+    def __init__(self, plane: DataPlane, name: str, stats: TritonStats) -> None:
+        self.plane = plane
+        self.name = name
+        self.stats = stats
+
+    def config(self, name: str, version: str = "") -> dict[str, Any]:
+        return model_config(self.plane, name, version)
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """All models' statistics, or `name`'s (at `version`) when given."""
+        if name:
+            self.plane.check_model(name, version)
+        latest = self.plane.model_metadata(self.name).versions[-1]
+        return {"model_stats": [self.stats.to_json(self.name, latest)]}
+
+    def index(self) -> list[dict[str, str]]:
+        state = "READY" if self.plane.ready() else "UNAVAILABLE"
+        versions = self.plane.model_metadata(self.name).versions
+        return [{"name": self.name, "version": v, "state": state} for v in versions]
+
+    def load(self, name: str) -> None:
+        self.plane.check_model(name)
+        raise InvalidInput(NOT_SUPPORTED)
+
+    # gRPC: the same documents as Triton's messages.
+    def config_proto(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        doc = self.config(request.name, request.version)
+        config = json_format.ParseDict(doc, pb.ModelConfig(), ignore_unknown_fields=True)
+        return pb.ModelConfigResponse(config=config)
+
+    def statistics_proto(self, request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
+        doc = self.statistics(request.name, request.version)
+        out = pb.ModelStatisticsResponse()
+        json_format.ParseDict(doc, out, ignore_unknown_fields=True)
+        return out
+
+    def index_proto(self) -> pb.RepositoryIndexResponse:
+        out = pb.RepositoryIndexResponse()
+        json_format.ParseDict({"models": self.index()}, out)
+        return out
+
+
 def triton_routes(
-    plane: DataPlane,
-    name: str,
-    stats: TritonStats,
+    ext: TritonExtensions,
     json: Callable[[Any], Response],
     guarded: Callable[[Handler], Handler],
 ) -> list[Route]:
-    """The REST routes of the extensions for the pipeline `name`, for the front door's
-    route table (before `/v2/models/{name}`, which would take `/v2/models/stats`)."""
+    """The REST routes of the extensions, for the front door's route table (before
+    `/v2/models/{name}`, which would take `/v2/models/stats`)."""
 
     def _version(request: Request) -> str:
         return str(request.path_params.get("version", ""))
 
     async def config(request: Request) -> Response:
-        return json(model_config(plane, request.path_params["name"], _version(request)))
+        return json(ext.config(request.path_params["name"], _version(request)))
 
-    async def model_stats(request: Request) -> Response:
-        if "name" in request.path_params:
-            plane.check_model(request.path_params["name"], _version(request))
-        version = plane.model_metadata(name).versions[-1]
-        return json({"model_stats": [stats.to_json(name, version)]})
+    async def statistics(request: Request) -> Response:
+        return json(ext.statistics(request.path_params.get("name", ""), _version(request)))
 
     async def index(_: Request) -> Response:
-        state = "READY" if plane.ready() else "UNAVAILABLE"
-        versions = plane.model_metadata(name).versions
-        return json([{"name": name, "version": v, "state": state} for v in versions])
+        return json(ext.index())
 
     async def load(request: Request) -> Response:
-        plane.check_model(request.path_params["name"])
-        raise InvalidInput(
-            "sloline serves a fixed pipeline: model load and unload are not supported"
-        )
+        ext.load(request.path_params["name"])
+        raise AssertionError("TritonExtensions.load returned")
 
     model = "/v2/models/{name}"
     versioned = "/v2/models/{name}/versions/{version}"
     return [
-        Route("/v2/models/stats", guarded(model_stats), methods=["GET"]),
+        Route("/v2/models/stats", guarded(statistics), methods=["GET"]),
         Route(f"{model}/config", guarded(config), methods=["GET"]),
         Route(f"{versioned}/config", guarded(config), methods=["GET"]),
-        Route(f"{model}/stats", guarded(model_stats), methods=["GET"]),
-        Route(f"{versioned}/stats", guarded(model_stats), methods=["GET"]),
+        Route(f"{model}/stats", guarded(statistics), methods=["GET"]),
+        Route(f"{versioned}/stats", guarded(statistics), methods=["GET"]),
         Route("/v2/repository/index", guarded(index), methods=["POST"]),
         Route("/v2/repository/models/{name}/load", guarded(load), methods=["POST"]),
         Route("/v2/repository/models/{name}/unload", guarded(load), methods=["POST"]),
