@@ -19,8 +19,11 @@ of the package:
 The generated files are committed. The code they contain checks at import time that the
 protobuf runtime is at least the generator's version (and of the same major version)
 and that grpcio is at least the grpcio-tools version; the header of each `*_pb2.py`
-records the protobuf version. Generated with grpcio-tools 1.85.1 (libprotoc 35.1,
-protobuf Python gencode 7.35.1), used with protobuf 7.36.2 and grpcio 1.85.1.
+records the protobuf version. Generated with grpcio-tools 1.72.1 (protobuf Python gencode
+6.30.0), the oldest generator whose code the supported runtimes load: protobuf refuses a
+runtime older than the gencode but accepts newer ones, 7.x included, so the code works with
+protobuf 6.30 to 7.x and grpcio 1.72.1 on (tritonclient's gRPC client caps protobuf below 7).
+tests/unit/serving/test_proto_gencode.py checks this against pyproject.toml's bounds.
 
 `--check` regenerates into a temporary folder and exits 1 if any committed file differs
 (for CI: a `.proto` edited without regenerating).

@@ -23,6 +23,7 @@ from sloline.common.tensors import DataPlane, InferenceError, InferRequest, Infe
 from sloline.serving import codec, grpc_codec, logs, tracing
 from sloline.serving.proto import grpc_service_pb2 as pb
 from sloline.serving.proto import grpc_service_pb2_grpc as pb_grpc
+from sloline.serving.triton_stats import NOT_SUPPORTED, TritonExtensions
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +51,13 @@ def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[t
     ]
 
 
-def add_inference_service(server: Any, plane: DataPlane) -> None:
-    """Register the OIP v2 service for `plane` on a `grpc.aio.Server` (before `start()`)."""
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
+def add_inference_service(
+    server: Any, plane: DataPlane, triton: TritonExtensions | None = None
+) -> None:
+    """Register the OIP v2 service for `plane` on a `grpc.aio.Server` (before `start()`);
+    `triton` adds Triton's configuration, statistics and repository RPCs."""
+    servicer = InferenceServicer(plane) if triton is None else TritonServicer(plane, triton)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
 
 
 async def _fail(context: Any, exc: Exception, method: str, rid: str = "") -> NoReturn:
@@ -153,3 +158,44 @@ def _metadata(context: Any, key: str) -> str | None:
         if item.key == key:
             return str(item.value)
     return None
+
+
+class TritonServicer(InferenceServicer):
+    """`InferenceServicer` plus Triton's configuration, statistics and repository RPCs."""
+
+    def __init__(self, plane: DataPlane, triton: TritonExtensions) -> None:
+        super().__init__(plane)
+        self._triton = triton
+
+    async def ModelConfig(  # noqa: N802
+        self, request: pb.ModelConfigRequest, context: Any
+    ) -> pb.ModelConfigResponse:
+        try:
+            return self._triton.config_proto(request)
+        except Exception as exc:
+            await _fail(context, exc, "ModelConfig")
+
+    async def ModelStatistics(  # noqa: N802
+        self, request: pb.ModelStatisticsRequest, context: Any
+    ) -> pb.ModelStatisticsResponse:
+        try:
+            return self._triton.statistics_proto(request)
+        except Exception as exc:
+            await _fail(context, exc, "ModelStatistics")
+
+    async def RepositoryIndex(  # noqa: N802
+        self, _request: pb.RepositoryIndexRequest, _context: Any
+    ) -> pb.RepositoryIndexResponse:
+        return self._triton.index_proto()
+
+    async def RepositoryModelLoad(  # noqa: N802
+        self, _request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_SUPPORTED)
+        raise AssertionError("grpc.aio ServicerContext.abort() returned")
+
+    async def RepositoryModelUnload(  # noqa: N802
+        self, _request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, NOT_SUPPORTED)
+        raise AssertionError("grpc.aio ServicerContext.abort() returned")

@@ -54,6 +54,7 @@ from sloline.common.tensors import (
     PayloadTooLarge,
 )
 from sloline.serving import codec, logs, rest_codec, tracing
+from sloline.serving.triton_stats import TritonExtensions, triton_routes
 
 logger = logging.getLogger(__name__)
 
@@ -213,10 +214,13 @@ def create_http_app(
     max_json_body_bytes: int = DEFAULT_MAX_JSON_BODY_BYTES,
     max_buffered_body_bytes: int = DEFAULT_MAX_BUFFERED_BODY_BYTES,
     metrics_app: ASGIApp | None = None,
+    triton: TritonExtensions | None = None,
 ) -> ASGIApp:
     """The OIP v2 REST app over `plane`, for uvicorn on a socket from `bind_socket`.
 
-    `metrics_app` (e.g. `prometheus_client.make_asgi_app(registry)`) answers `GET /metrics`.
+    `metrics_app` (e.g. `prometheus_client.make_asgi_app(registry)`) answers `GET /metrics`;
+    `triton` adds Triton's configuration,
+    statistics and repository extensions (`sloline.serving.triton_stats`).
     """
 
     async def live(_: Request) -> Response:
@@ -251,7 +255,8 @@ def create_http_app(
     )
     model = "/v2/models/{name}"
     versioned = "/v2/models/{name}/versions/{version}"
-    routes = [
+    routes = [] if triton is None else triton_routes(triton, _json, _guarded)
+    routes += [
         Route(f"{model}/infer", infer, methods=["POST"]),
         Route(f"{versioned}/infer", infer, methods=["POST"]),
         Route("/v2/health/live", _guarded(live), methods=["GET"]),

@@ -49,6 +49,7 @@ from sloline.serving.metrics import RouterMetrics, StateCollector
 from sloline.serving.proto import worker_pb2 as pb
 from sloline.serving.queue import QueueFull, StageQueue, Step, WorkItem
 from sloline.serving.stats import RouterStats
+from sloline.serving.triton_stats import TritonStats
 from sloline.serving.workers import WorkerConn
 from sloline.spec import PipelineGraph
 
@@ -150,6 +151,7 @@ class Router:
             self.name, graph.stages, registry or CollectorRegistry(), slo_s=self.slo_s
         )
         self.stats = RouterStats(list(graph.stages))
+        self.triton_stats = TritonStats()
         self.draining = False
         # Told the pid of each worker that connects (embedded: the local backend's restart
         # policy restarts a worker that had connected at once).
@@ -272,6 +274,7 @@ class Router:
         except BaseException as exc:
             for row_state in states:
                 row_state.abandon()
+            self.triton_stats.fail(self.clock() - now)
             if isinstance(exc, InferenceError):
                 self.metrics.answered(exc.status, None, self.slo_s)
                 self.stats.errors.add(self.clock(), 1.0)
@@ -287,6 +290,7 @@ class Router:
         latency_s = end - state.arrival
         self.metrics.answered(200, latency_s, self.slo_s)
         self.stats.latency.add(end, latency_s)
+        self.triton_stats.success(latency_s, 1)
         if state.estimate == state.estimate:  # not NaN: admission estimated it
             self._admission.error.observe(latency_s - state.estimate)  # type: ignore[union-attr]
         return InferResponse(

@@ -49,6 +49,7 @@ from sloline.serving.limits import (
     raise_fd_limit,
 )
 from sloline.serving.router import Router
+from sloline.serving.triton_stats import TritonExtensions
 from sloline.serving.workers import add_worker_service
 
 log = logging.getLogger(__name__)
@@ -223,7 +224,8 @@ class RouterServer:
             interceptors=clients,
             maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
         )
-        add_inference_service(self._grpc, self.router)
+        triton = TritonExtensions(self.router, self.router.name, self.router.triton_stats)
+        add_inference_service(self._grpc, self.router, triton)
         address = f"{s.host}:{s.grpc_port}"
         if s.tls:
             self.grpc_port = self._grpc.add_secure_port(address, server_credentials(s))
@@ -239,6 +241,7 @@ class RouterServer:
             max_json_body_bytes=s.max_json_body_bytes,
             max_buffered_body_bytes=s.max_buffered_body_bytes,
             metrics_app=metrics,
+            triton=triton,
         )
         if tokens is not None:
             app = BearerAuth(app, tokens)
