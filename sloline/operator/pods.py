@@ -204,6 +204,47 @@ def _pod_template(
     }
 
 
+MODEL_CACHE_DIR = "/var/cache/sloline/models"
+ANNOTATION_STORAGE_SECRET = "sloline.dev/storage-secret"  # noqa: S105 (a name, not a secret)
+
+
+def _with_model_storage(
+    template: dict[str, Any], target: Target, settings: OperatorSettings, stage: str
+) -> dict[str, Any]:
+    """`template` with a `storage-initializer` init container when the stage's model
+    comes from storage: it runs `sloline fetch-models` into an emptyDir that the stage's
+    container reads as its model cache. Credentials (AWS_ACCESS_KEY_ID, ...) come from
+    the Secret named by the pipeline's `sloline.dev/storage-secret` annotation."""
+    model = target.graph.stages[stage].spec.model
+    if model.storage_uri is None:
+        return template
+    args = ["fetch-models", "--uri", model.storage_uri, "--into", MODEL_CACHE_DIR]
+    if model.sha256:
+        args += ["--sha256", model.sha256]
+    mount = {"name": "model-cache", "mountPath": MODEL_CACHE_DIR}
+    extra: dict[str, Any] = {}
+    secret = target.graph.pipeline.metadata.annotations.get(ANNOTATION_STORAGE_SECRET)
+    if secret:
+        extra["envFrom"] = [{"secretRef": {"name": secret}}]
+    init = _container(
+        "storage-initializer",
+        settings,
+        args,
+        volumeMounts=[mount, {"name": "tmp", "mountPath": TMP_DIR}],
+        **extra,
+    )
+    spec = template["spec"]
+    container = spec["containers"][0]
+    container["env"] = [
+        *container.get("env", []),
+        {"name": "SLOLINE_MODEL_CACHE", "value": MODEL_CACHE_DIR},
+    ]
+    container["volumeMounts"] = [*container.get("volumeMounts", []), {**mount, "readOnly": True}]
+    spec["volumes"] = [*spec["volumes"], {"name": "model-cache", "emptyDir": {}}]
+    spec["initContainers"] = [*spec.get("initContainers", []), init]
+    return template
+
+
 # --- workloads -----------------------------------------------------------------------------
 
 
@@ -338,6 +379,7 @@ def render_worker(
         terminationGracePeriodSeconds=WORKER_GRACE_S,
         **_placement(hw),
     )
+    template = _with_model_storage(template, target, settings, stage)
     meta = target.metadata(
         worker_name(target.name, stage), pod_labels, {ANNOTATION_PLANNED_REPLICAS: str(replicas)}
     )
@@ -393,6 +435,7 @@ def render_profiling_job(
     template = _pod_template(
         pod_labels, annotations, container, volumes, restartPolicy="Never", **_placement(hw)
     )
+    template = _with_model_storage(template, target, settings, stage)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
