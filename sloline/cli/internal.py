@@ -33,6 +33,7 @@ def _add_fetch_models_parser(sub: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument("--uri", required=True, help="the stage's storageUri")
     p.add_argument("--sha256", default=None, help="the expected SHA-256 (hex)")
     p.add_argument("--into", required=True, type=Path, help="the model cache directory")
+    p.add_argument("--source", default=None, help="read from this file:// URI instead")
     p.set_defaults(func=cmd_fetch_models)
 
 
@@ -40,7 +41,7 @@ def cmd_fetch_models(args: argparse.Namespace) -> int:
     from sloline.spec.storage import StorageError, fetch
 
     try:
-        path = fetch(args.uri, args.sha256, args.into)
+        path = fetch(args.uri, args.sha256, args.into, args.source)
     except StorageError as exc:
         message = f"sloline fetch-models: {exc}"
         print(message, file=sys.stderr)

@@ -48,6 +48,10 @@ def storage_uri_problem(uri: str) -> str | None:
         return "contains a NUL character"
     if parsed.scheme != "file" and not parsed.netloc:
         return f"{uri!r} names no host or bucket"
+    if parsed.scheme == "pvc" and (
+        ".." in parsed.path.split("/") or not parsed.path.strip("/") or parsed.query
+    ):
+        return f"{uri!r} must be pvc://CLAIM/path/in/the/claim, without '..'"
     if parsed.scheme == "file" and (parsed.netloc not in ("", "localhost") or not parsed.path):
         return f"{uri!r}: file URIs are absolute (file:///path/to/model.onnx)"
     return None
@@ -68,11 +72,16 @@ def cached_path(root: Path, uri: str, sha256: str | None) -> Path:
     return root / key / name
 
 
-def fetch(uri: str, sha256: str | None, root: Path | None = None) -> Path:
+def fetch(
+    uri: str, sha256: str | None, root: Path | None = None, source: str | None = None
+) -> Path:
     """The local file holding `uri`, fetched into the cache unless it is there already;
     raises `StorageError` with the reason when it cannot be fetched or does not match
-    `sha256`."""
+    `sha256`. `source` (a `file://` URI) is where to read it from instead, keeping the
+    cache place of `uri`: a `pvc://` claim mounted by Kubernetes."""
     problem = storage_uri_problem(uri)
+    if not problem and source is not None:
+        problem = storage_uri_problem(source)
     if problem:
         raise StorageError(problem)
     target = cached_path(root or cache_root(), uri, sha256)
@@ -84,7 +93,7 @@ def fetch(uri: str, sha256: str | None, root: Path | None = None) -> Path:
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as out:
-            _download(uri, out)
+            _download(source or uri, out)
         _verify(tmp, uri, sha256)
         tmp.replace(target)
     finally:

@@ -12,7 +12,12 @@ from typing import Any
 import yaml
 
 from sloline.operator.naming import Target
-from sloline.operator.pods import MODEL_CACHE_DIR, render_profiling_job, render_worker
+from sloline.operator.pods import (
+    MODEL_CACHE_DIR,
+    MODEL_SOURCE_DIR,
+    render_profiling_job,
+    render_worker,
+)
 from sloline.operator.settings import OperatorSettings
 from sloline.spec.storage import cached_path
 from tests.unit.operator.helpers import DIGITS, pipeline_object
@@ -65,6 +70,36 @@ def test_stages_without_storage_get_no_init_container(tmp_path: Path) -> None:
     pod = render_worker(t, OperatorSettings(), "preprocess", "cpu-1", 1)["spec"]["template"]
     assert "initContainers" not in pod["spec"]
     assert "envFrom" not in str(pod)
+
+
+def test_pvc_claims_are_mounted_into_the_initializer(tmp_path: Path) -> None:
+    t = storage_target(tmp_path)
+    doc = t.graph.pipeline.model_dump(mode="json", by_alias=True, exclude_none=True)
+    doc["spec"]["storageUri"] = None
+    doc["spec"]["stages"][1]["model"]["storageUri"] = "pvc://models/digits/fast.onnx"
+    path = tmp_path / "pvc.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    pod = render_worker(Target.of(pipeline_object(path)), OperatorSettings(), "fast", "cpu-1", 1)
+    spec = pod["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    assert init["args"][-2:] == ["--source", f"file://{MODEL_SOURCE_DIR}/digits/fast.onnx"]
+    assert {
+        "name": "model-source",
+        "persistentVolumeClaim": {"claimName": "models", "readOnly": True},
+    } in spec["volumes"]
+    assert {"name": "model-source", "mountPath": MODEL_SOURCE_DIR, "readOnly": True} in init[
+        "volumeMounts"
+    ]
+    assert psa_restricted_violations(spec) == []
+
+
+def test_fetch_models_reads_a_source_keeping_the_uris_place(tmp_path: Path) -> None:
+    source = tmp_path / "m.onnx"
+    source.write_bytes(b"from the claim")
+    uri = "pvc://models/m.onnx"
+    done = fetch_models("--uri", uri, "--source", f"file://{source}", "--into", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert cached_path(tmp_path, uri, None).read_bytes() == b"from the claim"
 
 
 def fetch_models(*args: str) -> subprocess.CompletedProcess[str]:
