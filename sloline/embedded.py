@@ -30,6 +30,7 @@ from sloline.serving.router import RouterSettings
 from sloline.serving.server import ServerSettings
 from sloline.serving.stats import Ring
 from sloline.spec import DEFAULT_CATALOG, HardwareCatalog, LoadedPipeline, PipelineError
+from sloline.spec.storage import StorageError, fetch
 from sloline.spec.validate import Issue
 from sloline.tuner.policy import TunerSettings
 from sloline.tuner.replan import Replanner, ReplanSettings
@@ -78,12 +79,20 @@ class EmbeddedSettings:
 
 
 def check_models(loaded: LoadedPipeline) -> None:
-    """Fail early, with the fix, when a stage's model file is missing or a path or
-    entrypoint of the spec leads outside the model directory."""
+    """Fetch the models that come from storage (once: they stay in the model cache);
+    fail early, with the fix, when a stage's model file is missing, cannot be fetched or
+    fails its checksum, or a path or entrypoint of the spec leads outside the model
+    directory."""
     issues = loaded.check_files()
     escaping = {issue.path for issue in issues}
     for i, stage in enumerate(loaded.pipeline.spec.stages):
         if f"spec.stages[{i}].model.uri" in escaping:
+            continue
+        if stage.model.storage_uri is not None:
+            try:
+                fetch(stage.model.storage_uri, stage.model.sha256)
+            except StorageError as exc:
+                issues.append(Issue(f"spec.stages[{i}].model.storageUri", str(exc)))
             continue
         if stage.model.uri and not loaded.resolve(stage.model.uri).exists():
             hint = ""

@@ -1,10 +1,11 @@
 """Commands that sloline itself runs, hidden from `sloline --help`: `worker` (started by
 `sloline run`, or one per pod), `profile-stage` (the profiler's measuring process) and
-`profile-job` (a Kubernetes profiling Job)."""
+`profile-job` (a Kubernetes profiling Job), `fetch-models` (a pod's storage initializer)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -19,6 +20,36 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_worker_parser(sub)
     _add_profile_stage_parser(sub)
     _add_profile_job_parser(sub)
+    _add_fetch_models_parser(sub)
+
+
+def _add_fetch_models_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "fetch-models",
+        help=argparse.SUPPRESS,
+        description="Fetch a stage's model from storage into a model cache (the Kubernetes "
+        "storage initializer).",
+    )
+    p.add_argument("--uri", required=True, help="the stage's storageUri")
+    p.add_argument("--sha256", default=None, help="the expected SHA-256 (hex)")
+    p.add_argument("--into", required=True, type=Path, help="the model cache directory")
+    p.add_argument("--source", default=None, help="read from this file:// URI instead")
+    p.set_defaults(func=cmd_fetch_models)
+
+
+def cmd_fetch_models(args: argparse.Namespace) -> int:
+    from sloline.spec.storage import StorageError, fetch
+
+    try:
+        path = fetch(args.uri, args.sha256, args.into, args.source)
+    except StorageError as exc:
+        message = f"sloline fetch-models: {exc}"
+        print(message, file=sys.stderr)
+        with contextlib.suppress(OSError):  # the pod's reason, where Kubernetes shows it
+            Path(DEFAULT_TERMINATION_LOG).write_text(message)
+        return 1
+    print(f"fetched {args.uri} into {path}")
+    return 0
 
 
 def _add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -16,6 +16,7 @@ one stage rolls that stage's Deployment and the router, nothing else.
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -205,6 +206,57 @@ def _pod_template(
     }
 
 
+MODEL_CACHE_DIR = "/var/cache/sloline/models"
+MODEL_SOURCE_DIR = "/var/cache/sloline/source"  # a pvc:// claim, for the initializer
+ANNOTATION_STORAGE_SECRET = "sloline.dev/storage-secret"  # noqa: S105 (a name, not a secret)
+
+
+def _with_model_storage(
+    template: dict[str, Any], target: Target, settings: OperatorSettings, stage: str
+) -> dict[str, Any]:
+    """`template` with a `storage-initializer` init container when the stage's model
+    comes from storage: it runs `sloline fetch-models` into an emptyDir that the stage's
+    container reads as its model cache. Credentials (AWS_ACCESS_KEY_ID, ...) come from
+    the Secret named by the pipeline's `sloline.dev/storage-secret` annotation; a
+    `pvc://` claim is mounted read-only into the init container, which copies from it."""
+    model = target.graph.stages[stage].spec.model
+    if model.storage_uri is None:
+        return template
+    args = ["fetch-models", "--uri", model.storage_uri, "--into", MODEL_CACHE_DIR]
+    if model.sha256:
+        args += ["--sha256", model.sha256]
+    mount = {"name": "model-cache", "mountPath": MODEL_CACHE_DIR}
+    mounts: list[dict[str, Any]] = [mount, {"name": "tmp", "mountPath": TMP_DIR}]
+    volumes: list[dict[str, Any]] = [{"name": "model-cache", "emptyDir": {}}]
+    claim = urllib.parse.urlsplit(model.storage_uri)
+    if claim.scheme == "pvc":  # mount the claim; the initializer copies the file from it
+        source = {"claimName": claim.netloc, "readOnly": True}
+        volumes.append({"name": "model-source", "persistentVolumeClaim": source})
+        mounts.append({"name": "model-source", "mountPath": MODEL_SOURCE_DIR, "readOnly": True})
+        args += ["--source", f"file://{MODEL_SOURCE_DIR}{claim.path}"]
+    extra: dict[str, Any] = {}
+    secret = target.graph.pipeline.metadata.annotations.get(ANNOTATION_STORAGE_SECRET)
+    if secret:
+        extra["envFrom"] = [{"secretRef": {"name": secret}}]
+    init = _container(
+        "storage-initializer",
+        settings,
+        args,
+        volumeMounts=mounts,
+        **extra,
+    )
+    spec = template["spec"]
+    container = spec["containers"][0]
+    container["env"] = [
+        *container.get("env", []),
+        {"name": "SLOLINE_MODEL_CACHE", "value": MODEL_CACHE_DIR},
+    ]
+    container["volumeMounts"] = [*container.get("volumeMounts", []), {**mount, "readOnly": True}]
+    spec["volumes"] = [*spec["volumes"], *volumes]
+    spec["initContainers"] = [*spec.get("initContainers", []), init]
+    return template
+
+
 # --- workloads -----------------------------------------------------------------------------
 
 
@@ -339,6 +391,7 @@ def render_worker(
         terminationGracePeriodSeconds=WORKER_GRACE_S,
         **_placement(hw),
     )
+    template = _with_model_storage(template, target, settings, stage)
     meta = target.metadata(
         worker_name(target.name, stage), pod_labels, {ANNOTATION_PLANNED_REPLICAS: str(replicas)}
     )
@@ -394,6 +447,7 @@ def render_profiling_job(
     template = _pod_template(
         pod_labels, annotations, container, volumes, restartPolicy="Never", **_placement(hw)
     )
+    template = _with_model_storage(template, target, settings, stage)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

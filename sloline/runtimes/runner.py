@@ -34,6 +34,7 @@ from sloline.runtimes.torchscript import TorchScriptRuntime
 from sloline.spec.loader import LoadedPipeline
 from sloline.spec.models import StageSpec, TensorSpec
 from sloline.spec.paths import PathEscape, resolve_inside
+from sloline.spec.storage import cache_root, cached_path
 from sloline.spec.validate import PipelineGraph
 
 Result = dict[str, np.ndarray]
@@ -225,12 +226,20 @@ def load_stage(
     if model.runtime == "python":
         runtime = load_python(stage, base_dir)
     else:
-        if model.uri is None:
+        if model.storage_uri is not None:
+            path = cached_path(cache_root(), model.storage_uri, model.sha256)
+            if not path.is_file():
+                raise ModelError(
+                    f"stage {stage.name!r}: {model.storage_uri} is not fetched into {path.parent} "
+                    "(sloline run fetches it; on Kubernetes the storage initializer does)"
+                )
+        elif model.uri is None:
             raise ModelError(f"stage {stage.name!r}: {model.runtime} stages need model.uri")
-        try:
-            path = resolve_inside(base_dir, model.uri)
-        except PathEscape as exc:
-            raise ModelError(f"stage {stage.name!r}: model.uri {exc}") from None
+        else:
+            try:
+                path = resolve_inside(base_dir, model.uri)
+            except PathEscape as exc:
+                raise ModelError(f"stage {stage.name!r}: model.uri {exc}") from None
         if model.runtime == "onnx":
             runtime = OnnxRuntime(
                 path, stage, threads=threads, cuda_device=cuda_device, input_specs=input_specs

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from sloline.common.trace import MAX_PLANNING_ARRIVALS, MAX_RATE_RPS
@@ -96,6 +96,19 @@ class ModelSpec(SpecModel):
     entrypoint: str | None = Field(default=None, max_length=URI_MAX, pattern=ENTRYPOINT_PATTERN)
     batching: Literal["stacked", "list"] = "stacked"
     config: dict[str, Any] = Field(default_factory=dict)
+    storage_uri: str | None = Field(
+        default=None,
+        max_length=URI_MAX,
+        description=(
+            "Fetch the model file from storage (file://, http(s)://, s3://, gs://, pvc://) "
+            "instead of reading `uri` from the model directory."
+        ),
+    )
+    sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Hex SHA-256 of the fetched file; a mismatch fails the fetch.",
+    )
 
 
 class StageSpec(SpecModel):
@@ -171,6 +184,39 @@ class PipelineSpec(SpecModel):
     stages: list[StageSpec] = Field(min_length=1, max_length=64)
     output: str = Field(description="Name of the stage whose outputs are the response.")
     samples: SamplesSpec | None = None
+    storage_uri: str | None = Field(
+        default=None,
+        max_length=URI_MAX,
+        description=(
+            "Default storage location of model files: a stage with `model.uri` and no "
+            "`model.storageUri` fetches `<storageUri>/<model.uri>`."
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_storage(cls, data: Any) -> Any:
+        """Give each stage with a `model.uri` and no storage URI of its own the
+        pipeline's `storageUri` joined with that `uri`."""
+        if not isinstance(data, dict):
+            return data
+        base = data.get("storageUri", data.get("storage_uri"))
+        stages = data.get("stages")
+        if not isinstance(base, str) or not isinstance(stages, list):
+            return data
+        filled = []
+        for stage in stages:
+            model = stage.get("model") if isinstance(stage, dict) else None
+            if (
+                isinstance(model, dict)
+                and isinstance(model.get("uri"), str)
+                and model.get("storageUri", model.get("storage_uri")) is None
+            ):
+                model = {**model, "storageUri": f"{base.rstrip('/')}/{model['uri']}"}
+                filled.append({**stage, "model": model})
+            else:
+                filled.append(stage)
+        return {**data, "stages": filled}
 
 
 class Metadata(SpecModel):

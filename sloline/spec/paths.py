@@ -13,6 +13,9 @@ resolved, so a spec can load only what whoever filled the model directory put th
   sloline module, even where the model directory has a file of that name (loading it under
   that name would replace the real module in the process).
 
+A stage's `model.storageUri` is fetched into the model cache instead
+(`sloline.spec.storage`), where no part of the URI becomes a path.
+
 `path_issues` is the check without the files (`build_graph`: the CLI, the router, the
 operator); `resolve_inside` and `locate_module` check against the files (`sloline
 validate`, `sloline run`, profiling, and each worker again before it loads anything).
@@ -28,6 +31,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import TYPE_CHECKING
+
+from sloline.spec.storage import storage_uri_problem
 
 if TYPE_CHECKING:
     from sloline.spec.models import PredictionPipeline
@@ -97,6 +102,16 @@ def path_issues(pipeline: PredictionPipeline) -> list[tuple[str, str]]:
         problem = uri_problem(value) if kind == "uri" else entrypoint_problem(value)
         if problem:
             found.append((path, problem))
+    spec = pipeline.spec
+    stores: list[tuple[str, str | None]] = [
+        (f"spec.stages[{i}].model.storageUri", s.model.storage_uri)
+        for i, s in enumerate(spec.stages)
+    ]
+    stores.append(("spec.storageUri", spec.storage_uri))
+    for field, uri in stores:
+        problem = storage_uri_problem(uri) if uri is not None else None
+        if problem:
+            found.append((field, problem))
     return found
 
 

@@ -298,9 +298,17 @@ def _check_model(stage: StageSpec, path: str) -> list[Issue]:
             return [Issue(f"{path}.model.entrypoint", "python stages need module:attr")]
         if model.uri:
             return [Issue(f"{path}.model.uri", "python stages take entrypoint, not uri")]
+        if model.storage_uri:
+            return [
+                Issue(
+                    f"{path}.model.storageUri",
+                    "python stages load from the model directory; storageUri is for "
+                    "onnx and torchscript stages",
+                )
+            ]
         return []
     issues = []
-    if not model.uri:
+    if not model.uri and not model.storage_uri:
         issues.append(Issue(f"{path}.model.uri", f"{model.runtime} stages need a model file"))
     if model.entrypoint:
         issues.append(Issue(f"{path}.model.entrypoint", f"not used by {model.runtime} stages"))
