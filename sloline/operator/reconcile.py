@@ -66,7 +66,7 @@ from sloline.operator.settings import OperatorSettings
 from sloline.operator.status import (
     INTERNAL_ERROR,
     ConditionStatus,
-    endpoints,
+    addressable,
     plan_summary,
     utc_now,
     with_conditions,
@@ -497,7 +497,7 @@ def _deploy(
     changes.set("Planned", "True", "Planned", f"plan for generation {changes.generation} deployed")
     changes.deployed = True
     changes.fields["plan"] = plan_summary(plan)
-    changes.fields["endpoints"] = endpoints(
-        router_name(target.name), ns, tls=target.tls_secret is not None
+    changes.fields.update(
+        addressable(router_name(target.name), ns, tls=target.tls_secret is not None)
     )
     return report

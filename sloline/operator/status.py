@@ -120,6 +120,13 @@ def endpoints(service: str, namespace: str, *, tls: bool = False) -> dict[str, s
     return {"http": f"{scheme}://{host}:{HTTP_PORT}", "grpc": f"{host}:{GRPC_PORT}"}
 
 
+def addressable(service: str, namespace: str, *, tls: bool = False) -> dict[str, Any]:
+    """The status fields a Knative/KServe client reads: `endpoints`, `url` (the HTTP
+    front door, the URL printer column) and `address` (`{url}`, the addressable shape)."""
+    found = endpoints(service, namespace, tls=tls)
+    return {"endpoints": found, "url": found["http"], "address": {"url": found["http"]}}
+
+
 def readiness(deployments: Iterable[Mapping[str, Any]]) -> tuple[ConditionStatus, str, str]:
     """The Ready condition from the pipeline's Deployments: ready when the router and
     every stage with replicas have at least one ready pod (the pipeline can serve)."""

@@ -88,6 +88,18 @@ SAMPLES_RULES = [
 ]
 
 PRINTER_COLUMNS = [
+    {
+        "name": "Ready",
+        "type": "string",
+        "description": "the Ready condition: the pipeline can serve",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+    },
+    {
+        "name": "URL",
+        "type": "string",
+        "description": "the pipeline's HTTP URL inside the cluster",
+        "jsonPath": ".status.url",
+    },
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {
         "name": "SLO",
@@ -121,25 +133,62 @@ PHASES = ["Pending", "Profiling", "Planning", "Deploying", "Ready", "Failed"]
 # metav1.Condition, as Kubernetes' own types declare it.
 CONDITION_SCHEMA: dict[str, Any] = {
     "type": "object",
+    "description": "One aspect of the pipeline's state.",
     "required": ["type", "status"],
     "properties": {
-        "type": {"type": "string", "maxLength": 316},
-        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-        "reason": {"type": "string", "maxLength": 1024},
-        "message": {"type": "string", "maxLength": 32768},
-        "lastTransitionTime": {"type": "string", "format": "date-time"},
-        "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+        "type": {
+            "type": "string",
+            "maxLength": 316,
+            "description": "Valid, Profiled, Planned or Ready.",
+        },
+        "status": {
+            "type": "string",
+            "enum": ["True", "False", "Unknown"],
+            "description": "True, False or Unknown.",
+        },
+        "reason": {
+            "type": "string",
+            "maxLength": 1024,
+            "description": "Why the condition is in its status, in CamelCase.",
+        },
+        "message": {
+            "type": "string",
+            "maxLength": 32768,
+            "description": "What happened, for humans.",
+        },
+        "lastTransitionTime": {
+            "type": "string",
+            "format": "date-time",
+            "description": "When the status last changed.",
+        },
+        "observedGeneration": {
+            "type": "integer",
+            "format": "int64",
+            "minimum": 0,
+            "description": "The spec generation the condition describes.",
+        },
     },
 }
+_URL = {"type": "string", "description": "http(s) URL of the router Service inside the cluster."}
 
 STATUS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "Written by the operator (docs/kubernetes.md, Status).",
     "properties": {
-        "phase": {"type": "string", "enum": PHASES},
-        "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+        "phase": {
+            "type": "string",
+            "enum": PHASES,
+            "description": "Where the pipeline stands: " + ", ".join(PHASES) + ".",
+        },
+        "observedGeneration": {
+            "type": "integer",
+            "format": "int64",
+            "minimum": 0,
+            "description": "The spec generation last reconciled.",
+        },
         "conditions": {
             "type": "array",
+            "description": "Valid, Profiled, Planned and Ready, as Kubernetes conditions.",
             "items": CONDITION_SCHEMA,
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
@@ -150,25 +199,54 @@ STATUS_SCHEMA: dict[str, Any] = {
             "properties": {
                 "stages": {
                     "type": "array",
+                    "description": "What the plan chose for each stage.",
                     "items": {
                         "type": "object",
+                        "description": "One stage of the plan.",
                         "properties": {
-                            "name": {"type": "string"},
-                            "hardware": {"type": "string"},
-                            "maxBatch": {"type": "integer", "minimum": 1},
-                            "replicas": {"type": "integer", "minimum": 0},
+                            "name": {"type": "string", "description": "The stage."},
+                            "hardware": {
+                                "type": "string",
+                                "description": "Hardware class of its pods.",
+                            },
+                            "maxBatch": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "description": "Largest batch it forms.",
+                            },
+                            "replicas": {
+                                "type": "integer",
+                                "minimum": 0,
+                                "description": "Planned replicas.",
+                            },
                         },
                         "x-kubernetes-preserve-unknown-fields": True,
                     },
                 },
-                "estimatedP99Ms": {"type": "number"},
-                "costPerHour": {"type": "number"},
+                "estimatedP99Ms": {
+                    "type": "number",
+                    "description": "The plan's estimated P99 latency in ms.",
+                },
+                "costPerHour": {
+                    "type": "number",
+                    "description": "The plan's cost per hour, in the catalog's currency.",
+                },
             },
             "x-kubernetes-preserve-unknown-fields": True,
         },
         "endpoints": {
             "type": "object",
-            "properties": {"http": {"type": "string"}, "grpc": {"type": "string"}},
+            "description": "Where clients reach the pipeline inside the cluster.",
+            "properties": {
+                "http": _URL,
+                "grpc": {"type": "string", "description": "host:port of the gRPC front door."},
+            },
+        },
+        "url": _URL,
+        "address": {
+            "type": "object",
+            "description": "The pipeline as a Knative/KServe addressable.",
+            "properties": {"url": _URL},
         },
         "attainment": {
             "type": "string",

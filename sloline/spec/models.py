@@ -58,17 +58,36 @@ class SpecModel(BaseModel):
 class TensorSpec(SpecModel):
     """A named tensor of one request (no batch dimension); -1 marks a variable dim."""
 
-    name: str = Field(pattern=TENSOR_NAME_PATTERN, max_length=128)
-    datatype: Datatype
-    shape: list[int] = Field(default_factory=list, max_length=8)
+    name: str = Field(
+        pattern=TENSOR_NAME_PATTERN,
+        max_length=128,
+        description="Tensor name, as the model and the inference protocol call it.",
+    )
+    datatype: Datatype = Field(description="Open Inference Protocol datatype, e.g. `FP32`.")
+    shape: list[int] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Dimensions of one request's tensor, without the batch dimension; -1 "
+        "marks a variable dimension. Default: `[]` (a scalar).",
+    )
 
 
 class StageInput(SpecModel):
     """One input of a stage's model: `name` is the model's input name, `from` says where
     the value comes from: a pipeline input (`pixels`) or a stage output (`fast.probs`)."""
 
-    name: str = Field(pattern=TENSOR_NAME_PATTERN, max_length=128)
-    from_: str = Field(alias="from", min_length=1, max_length=256)
+    name: str = Field(
+        pattern=TENSOR_NAME_PATTERN,
+        max_length=128,
+        description="The model's input name that receives the value.",
+    )
+    from_: str = Field(
+        alias="from",
+        min_length=1,
+        max_length=256,
+        description="Where the value comes from: a pipeline input (`pixels`) or "
+        "`<stage>.<output>` of another stage (`fast.probs`).",
+    )
     optional: bool = Field(
         default=False,
         description="If the producing stage was skipped by its condition, run this stage "
@@ -91,11 +110,30 @@ class ModelSpec(SpecModel):
     standard-library, installed or sloline module.
     """
 
-    runtime: Literal["onnx", "torchscript", "python"]
-    uri: str | None = Field(default=None, max_length=URI_MAX)
-    entrypoint: str | None = Field(default=None, max_length=URI_MAX, pattern=ENTRYPOINT_PATTERN)
-    batching: Literal["stacked", "list"] = "stacked"
-    config: dict[str, Any] = Field(default_factory=dict)
+    runtime: Literal["onnx", "torchscript", "python"] = Field(
+        description="Model runtime: `onnx`, `torchscript` or `python`."
+    )
+    uri: str | None = Field(
+        default=None,
+        max_length=URI_MAX,
+        description="Model file (onnx, torchscript), relative to the model directory.",
+    )
+    entrypoint: str | None = Field(
+        default=None,
+        max_length=URI_MAX,
+        pattern=ENTRYPOINT_PATTERN,
+        description="`module:attr` of a python model, the module in the model directory.",
+    )
+    batching: Literal["stacked", "list"] = Field(
+        default="stacked",
+        description="How a python model receives a batch: `stacked` arrays (default) or a "
+        "`list` of per-request dicts.",
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments for a python model class, passed once when it is "
+        "instantiated. Default: `{}`.",
+    )
     storage_uri: str | None = Field(
         default=None,
         max_length=URI_MAX,
@@ -112,11 +150,23 @@ class ModelSpec(SpecModel):
 
 
 class StageSpec(SpecModel):
-    name: str = Field(pattern=NAME_PATTERN, max_length=40)
+    """One model of the pipeline, with its inputs, outputs and serving bounds."""
+
+    name: str = Field(
+        pattern=NAME_PATTERN,
+        max_length=40,
+        description="Stage name, unique in the pipeline (a DNS label, at most 40 characters).",
+    )
     model: ModelSpec
     # Bounded so the CRD's CEL rules stay within the API server's cost budget.
-    inputs: list[StageInput] = Field(min_length=1, max_length=16)
-    outputs: list[TensorSpec] = Field(min_length=1, max_length=32)
+    inputs: list[StageInput] = Field(
+        min_length=1, max_length=16, description="The model's inputs (1 to 16)."
+    )
+    outputs: list[TensorSpec] = Field(
+        min_length=1,
+        max_length=32,
+        description="The model's outputs (1 to 32), referred to as `<stage>.<output>`.",
+    )
     when: str | None = Field(
         default=None,
         max_length=1024,
@@ -127,16 +177,53 @@ class StageSpec(SpecModel):
         "syntax tree; an error while evaluating it (division by zero, numpy overflow or "
         "invalid value, shape mismatch) fails that request with 500 naming the condition.",
     )
-    hardware: str | None = Field(default=None, description="Pin the stage to this class.")
-    max_batch: int | None = Field(default=None, ge=1, le=4096)
-    replicas: int | None = Field(default=None, ge=0, le=1024)
-    min_replicas: int | None = Field(default=None, ge=0, le=1024)
-    max_replicas: int | None = Field(default=None, ge=1, le=1024)
+    hardware: str | None = Field(
+        default=None,
+        description="Pin the stage to this hardware class of the catalog; unset: the "
+        "planner chooses.",
+    )
+    max_batch: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Pin the largest batch the stage forms (1 to 4096); unset: the planner "
+        "chooses.",
+    )
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=1024,
+        description="Pin the number of replicas (0 to 1024); unset: the planner chooses.",
+    )
+    min_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=1024,
+        description="Lower bound on the replicas the planner and tuner choose (0 to 1024).",
+    )
+    max_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="Upper bound on the replicas the planner and tuner choose (1 to 1024).",
+    )
 
 
 class SLOSpec(SpecModel):
-    latency_ms: float = Field(gt=0, le=3_600_000)
-    percentile: float = Field(default=99.0, gt=0, le=100)
+    """The service level objective: a latency bound at a percentile of requests."""
+
+    latency_ms: float = Field(
+        gt=0,
+        le=3_600_000,
+        description="End-to-end latency bound in milliseconds (at most one hour).",
+    )
+    percentile: float = Field(
+        default=99.0,
+        gt=0,
+        le=100,
+        description="Share of requests, in percent, that must finish within latencyMs. "
+        "Default: 99.",
+    )
 
 
 class WorkloadSpec(SpecModel):
@@ -152,8 +239,19 @@ class WorkloadSpec(SpecModel):
         le=MAX_RATE_RPS,
         description=f"Mean arrival rate; rateRps x durationS at most {MAX_PLANNING_ARRIVALS:,}.",
     )
-    cv2: float = Field(default=1.0, gt=0, le=100)
-    duration_s: float = Field(default=60.0, gt=0, le=86_400)
+    cv2: float = Field(
+        default=1.0,
+        gt=0,
+        le=100,
+        description="Squared coefficient of variation of the inter-arrival times (1: "
+        "Poisson, larger: burstier). Default: 1.",
+    )
+    duration_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=86_400,
+        description="Length of the planning trace in seconds (at most one day). Default: 60.",
+    )
     trace: list[float] | None = Field(default=None, description=_TRACE_RULES)
     trace_uri: str | None = Field(
         default=None,
@@ -161,7 +259,7 @@ class WorkloadSpec(SpecModel):
         description="A text file in the model directory with the trace's arrival times, one "
         "per line (`#` starts a comment); the same rules as `trace`.",
     )
-    seed: int = 0
+    seed: int = Field(default=0, description="Random seed of the planning simulation. Default: 0.")
 
 
 class SamplesSpec(SpecModel):
@@ -169,21 +267,41 @@ class SamplesSpec(SpecModel):
     input (first axis = request), or a Python `module:function` returning such a dict
     (both found in the model directory, like the stages' models, with the same rules)."""
 
-    uri: str | None = Field(default=None, max_length=URI_MAX)
-    entrypoint: str | None = Field(default=None, max_length=URI_MAX, pattern=ENTRYPOINT_PATTERN)
+    uri: str | None = Field(
+        default=None,
+        max_length=URI_MAX,
+        description="An `.npz` file, relative to the model directory.",
+    )
+    entrypoint: str | None = Field(
+        default=None,
+        max_length=URI_MAX,
+        pattern=ENTRYPOINT_PATTERN,
+        description="`module:function` in the model directory that returns the samples.",
+    )
 
 
 class PipelineSpec(SpecModel):
+    """A DAG of models served under a latency SLO; the planner chooses hardware, batch
+    sizes and replicas for the workload at the lowest cost."""
+
     slo: SLOSpec
     workload: WorkloadSpec
     hardware: list[str] = Field(
         default_factory=list,
         description="Allowed hardware classes; empty means every class of the catalog.",
     )
-    inputs: list[TensorSpec] = Field(min_length=1, max_length=64)
-    stages: list[StageSpec] = Field(min_length=1, max_length=64)
+    inputs: list[TensorSpec] = Field(
+        min_length=1, max_length=64, description="The request's tensors (1 to 64)."
+    )
+    stages: list[StageSpec] = Field(
+        min_length=1, max_length=64, description="The pipeline's stages (1 to 64), a DAG."
+    )
     output: str = Field(description="Name of the stage whose outputs are the response.")
-    samples: SamplesSpec | None = None
+    samples: SamplesSpec | None = Field(
+        default=None,
+        description="Sample requests for profiling; unset: one request of zeros in the inputs' "
+        "shapes.",
+    )
     storage_uri: str | None = Field(
         default=None,
         max_length=URI_MAX,

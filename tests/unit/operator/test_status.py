@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from sloline.operator.status import (
+    addressable,
     endpoints,
     phase_of,
     plan_summary,
@@ -112,3 +113,15 @@ def test_plan_summary_and_endpoints() -> None:
         "grpc": "p-router.ns.svc:8001",
     }
     assert endpoints("p-router", "ns", tls=True)["http"] == "https://p-router.ns.svc:8000"
+
+
+def test_addressable_gives_url_and_address() -> None:
+    fields = addressable("p-router", "ns")
+    assert fields == {
+        "endpoints": endpoints("p-router", "ns"),
+        "url": "http://p-router.ns.svc:8000",
+        "address": {"url": "http://p-router.ns.svc:8000"},
+    }
+    assert addressable("p-router", "ns", tls=True)["address"] == {
+        "url": "https://p-router.ns.svc:8000"
+    }

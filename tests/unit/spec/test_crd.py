@@ -53,3 +53,23 @@ def test_from_rule_fits_the_apiservers_cost_budget() -> None:
     inputs = spec["inputs"]["maxItems"]
     budget = 64 * 32 * (64 + 64) / 1.338816
     assert stages * stage_inputs * (inputs + stages) <= 0.75 * budget
+
+
+def _undescribed(node: dict[str, object], path: str) -> list[str]:
+    """Paths of the properties under `node` (itself included) without a description; an
+    array's items are explained by the array's own description, their fields are not."""
+    missing = [] if node.get("description") else [path]
+    items = node.get("items")
+    fields = (items if isinstance(items, dict) else node).get("properties")
+    if isinstance(fields, dict):
+        for name, child in fields.items():
+            missing += _undescribed(child, f"{path}.{name}")
+    return missing
+
+
+def test_every_spec_and_status_field_has_a_description() -> None:
+    """What `kubectl explain predictionpipeline.spec` (and `.status`) shows."""
+    root = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    missing = _undescribed(root["properties"]["spec"], "spec")
+    missing += _undescribed(root["properties"]["status"], "status")
+    assert missing == []

@@ -204,6 +204,8 @@ def test_crd_metadata_matches_the_kubernetes_contract() -> None:
     assert VERSION["subresources"] == {"status": {}}
     columns = {c["name"]: c["jsonPath"] for c in VERSION["additionalPrinterColumns"]}
     assert columns == {
+        "Ready": '.status.conditions[?(@.type=="Ready")].status',
+        "URL": ".status.url",
         "Phase": ".status.phase",
         "SLO": ".spec.slo.latencyMs",
         "Est-P99": ".status.plan.estimatedP99Ms",
