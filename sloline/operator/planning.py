@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from sloline.operator.exposure import exposure_issues
 from sloline.operator.naming import ANNOTATION_MODEL_DIR, Target, digest, model_dir_problem
 from sloline.operator.pods import pod_issues
 from sloline.operator.settings import OperatorSettings
@@ -73,7 +74,7 @@ def operator_issues(target: Target, settings: OperatorSettings) -> list[Issue]:
     """What a valid spec can still get wrong on this cluster: hardware classes missing from
     the operator's catalog, names the rendered objects cannot take, files the operator
     cannot read, a `sloline.dev/model-dir` annotation outside the models root, pod
-    templates the pods cannot take (`pod_issues`)."""
+    templates the pods cannot take (`pod_issues`), routes without a Gateway."""
     spec = target.graph.pipeline.spec
     catalog = settings.catalog.names()
     issues = [
@@ -109,6 +110,7 @@ def operator_issues(target: Target, settings: OperatorSettings) -> list[Issue]:
             issues.append(Issue(f"metadata.annotations[{ANNOTATION_MODEL_DIR}]", problem))
     if not issues:  # the pods render only with a usable model directory and classes
         issues += pod_issues(target, settings)
+    issues += exposure_issues(target, settings)
     if spec.workload.trace_uri:
         issues.append(
             Issue(

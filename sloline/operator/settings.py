@@ -124,7 +124,9 @@ class ExposureSettings(SettingsModel):
         description="host template of Ingresses and routes: {name} and {namespace} are the "
         "pipeline's; '' = every host",
     )
-    ingress_class_name: str | None = Field(default=None, max_length=253)
+    ingress_class_name: str = Field(
+        default="", max_length=253, description="'' = the cluster's default IngressClass"
+    )
     ingress_annotations: dict[str, str] = Field(default_factory=dict)
     parent_refs: K8sObjects = Field(
         default_factory=list, description="the Gateway(s) the routes attach to"
