@@ -6,10 +6,15 @@ is refused by `sloline validate` and the operator unless the pipeline opts out."
 from __future__ import annotations
 
 import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from sloline.operator.naming import Target
 from sloline.operator.planning import operator_issues, profile_tasks
@@ -18,7 +23,7 @@ from sloline.operator.render import pipeline_file, render
 from sloline.operator.settings import OperatorSettings, parse_settings
 from sloline.spec import PipelineError
 from sloline.spec.shaping import restricted_violations
-from tests.unit.operator.helpers import make_plan, pipeline_object
+from tests.unit.operator.helpers import NOOP, make_plan, pipeline_object
 
 EVERYWHERE: dict[str, Any] = {
     "labels": {"team": "vision"},
@@ -258,3 +263,30 @@ def test_the_operator_checks_its_settings_pods_under_the_templates() -> None:
     issues = operator_issues(t, settings)
     assert issues and all("would not pass Pod Security restricted" in i.reason for i in issues)
     assert (issues[0].path, issues[0].reason[:17]) == ("settings.pods", "the router pod wo")
+
+
+def test_sloline_validate_names_each_bad_template(tmp_path: Path) -> None:
+    folder = tmp_path / "noop"
+    shutil.copytree(NOOP.parent, folder)
+    doc = yaml.safe_load(NOOP.read_text())
+    doc["spec"]["podTemplate"] = {"labels": {"app.kubernetes.io/component": "x"}}
+    doc["spec"]["stages"][1]["podTemplate"] = {
+        "container": {"securityContext": {"privileged": True}}
+    }
+    (folder / "pipeline.yaml").write_text(yaml.safe_dump(doc))
+    result = subprocess.run(
+        [sys.executable, "-m", "sloline", "validate", str(folder / "pipeline.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        "  - spec.podTemplate.labels: 'app.kubernetes.io/component' is set by the operator\n"
+        in (result.stderr)
+    )
+    assert (
+        "  - spec.stages[1].podTemplate: breaks Pod Security restricted: sloline: privileged"
+        in result.stderr
+    )
