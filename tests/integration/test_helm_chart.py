@@ -206,6 +206,11 @@ def test_custom_settings_file_is_accepted_by_the_operator(
     assert settings.catalog.names() == ["cpu-4", "gpu-l4"]
     assert settings.tuner.scale_down_enabled is False
     assert settings.service_monitor == "always"
+    assert settings.pods.security_context == {}  # null dropped the defaults' UID and GID
+    assert settings.pods.image_pull_secrets == [{"name": "regcred"}]  # the top-level ones
+    assert settings.pods.service_account_name == "ml-pods"
+    assert settings.exposure.enabled == ["httpRoute", "grpcRoute"]
+    assert settings.exposure.parent_refs == [{"name": "public", "namespace": "gateways"}]
 
 
 def test_values_schema_settings_match_the_operator_settings_model() -> None:
@@ -526,7 +531,8 @@ def test_crd_schema_rejects_a_broken_example(crd_validator: jsonschema.Draft4Val
 @needs_helm
 def test_security_contexts_can_leave_the_uid_to_the_platform(helm_env: dict[str, str]) -> None:
     """OpenShift's restricted SCC assigns the UID: null drops a key of the operator pod's
-    securityContext and of the pipeline pods' defaults, and the schema accepts it."""
+    securityContext and of the pipeline pods' defaults, and the schema accepts it; the
+    operator pod takes more volumes."""
     objects = template(
         helm_env,
         *("--set", "operator.podSecurityContext.runAsUser=null"),
@@ -535,6 +541,10 @@ def test_security_contexts_can_leave_the_uid_to_the_platform(helm_env: dict[str,
         *("--set", "operator.securityContext.runAsUser=1000650000"),
         *("--set", "settings.pods.securityContext=null"),
         *("--set", "imagePullSecrets[0].name=regcred"),
+        *("--set", "operator.extraVolumes[0].name=ca"),
+        *("--set", "operator.extraVolumes[0].configMap.name=corp-ca"),
+        *("--set", "operator.extraVolumeMounts[0].name=ca"),
+        *("--set", "operator.extraVolumeMounts[0].mountPath=/etc/ssl/corp"),
     )
     pod = only(objects, "Deployment")["spec"]["template"]["spec"]
     assert pod["securityContext"] == {
@@ -542,6 +552,9 @@ def test_security_contexts_can_leave_the_uid_to_the_platform(helm_env: dict[str,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     assert operator_container(objects)["securityContext"]["runAsUser"] == 1000650000
+    assert {"name": "ca", "configMap": {"name": "corp-ca"}} in pod["volumes"]
+    mounts = operator_container(objects)["volumeMounts"]
+    assert {"name": "ca", "mountPath": "/etc/ssl/corp"} in mounts
     settings = parse_settings(settings_file(objects))
     assert settings.pods.security_context == {}
     assert settings.pods.image_pull_secrets == [{"name": "regcred"}]
