@@ -10,7 +10,8 @@ worker token from `<p>-worker-token` through the environment (`_env`).
 Each pod is then shaped (`_shape`): the operator settings' `pods`, the spec's
 `podTemplate` and the pod's own template (the router's, the stage's, the profiling one)
 are merged over it in that order (`sloline.spec.shaping`), and the result must still pass
-`restricted` unless the pipeline opts out; otherwise rendering raises `TemplateError`.
+`restricted` unless the pipeline opts out, and no template may override what the operator
+relies on; otherwise rendering raises `TemplateError`.
 
 Each pod template carries `sloline.dev/config-hash`, a digest of exactly the ConfigMap
 content that pod reads: the router's covers the whole pipeline file and the plan, a
@@ -63,12 +64,21 @@ from sloline.spec.shaping import (
     ANNOTATION_ALLOW_UNRESTRICTED,
     RESTRICTED_CONTAINER_SECURITY,
     RESTRICTED_POD_SECURITY,
-    TemplateError,
+    Problems,
     apply_templates,
     restricted_violations,
 )
 
 Manifest = dict[str, Any]
+
+
+class TemplateError(ValueError):
+    """Pod templates that would replace what the operator relies on, or break Pod
+    Security `restricted`: `problems` lists each as (field path, reason)."""
+
+    def __init__(self, problems: Problems) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{path}: {reason}" for path, reason in problems))
 
 
 def stage_inputs(graph: PipelineGraph, stage: str) -> list[dict[str, Any]]:
@@ -225,14 +235,16 @@ def _shape(
     spec = target.graph.pipeline.spec
     given = (("settings.pods", settings.pods), ("spec.podTemplate", spec.pod_template), *layers)
     present = [(where, layer) for where, layer in given if layer is not None]
-    template = apply_templates(template, present)
-    problems = restricted_violations(template["spec"])
-    if problems and not target.allow_unrestricted_pods:
-        raise TemplateError(
-            present[-1][0] if present else "spec",
-            f"the {pod} pod would not pass Pod Security restricted: {'; '.join(problems)} "
-            f'(annotation {ANNOTATION_ALLOW_UNRESTRICTED}: "true" allows it)',
+    template, found = apply_templates(template, present)
+    violations = restricted_violations(template["spec"])
+    if violations and not target.allow_unrestricted_pods:
+        reason = (
+            f"the {pod} pod would not pass Pod Security restricted: {'; '.join(violations)} "
+            f'(annotation {ANNOTATION_ALLOW_UNRESTRICTED}: "true" allows it)'
         )
+        found.append((present[-1][0] if present else "spec", reason))
+    if found:
+        raise TemplateError(found)
     return template
 
 
@@ -476,7 +488,5 @@ def pod_issues(target: Target, settings: OperatorSettings) -> list[Issue]:
         try:
             render()
         except TemplateError as exc:
-            issue = Issue(exc.path, exc.reason)
-            if issue not in issues:
-                issues.append(issue)
+            issues += [Issue(*p) for p in exc.problems if Issue(*p) not in issues]
     return issues

@@ -8,7 +8,7 @@ merge (`apply_templates`) is field by field: maps merge key by key with the over
 winning, lists merge by name (env, volumes, imagePullSecrets) or path (volumeMounts) or
 append (tolerations), scalars replace. What the operator itself relies on cannot be
 overridden: its labels and `sloline.dev/` annotations, its environment variables, volumes
-and mount paths (`TemplateError`). A merged pod must still pass `restricted`
+and mount paths. A merged pod must still pass `restricted`
 (`restricted_violations`) unless the pipeline opts out with the annotation
 `sloline.dev/allow-unrestricted-pods: "true"`.
 """
@@ -47,23 +47,18 @@ RESTRICTED_CONTAINER_SECURITY: Final[Mapping[str, Any]] = {
 _Objects = list[dict[str, Any]]
 
 
-class TemplateError(ValueError):
-    """An override that would replace what the operator relies on, or break `restricted`:
-    `path` is the field, `reason` why."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.path, self.reason = path, reason
-        super().__init__(f"{path}: {reason}")
+Problems = list[tuple[str, str]]
 
 
 def apply_templates(
     pod: Mapping[str, Any], layers: Sequence[tuple[str, PodTemplate]]
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], Problems]:
     """`pod` (a PodTemplateSpec: metadata and a spec with one container) with each
-    `(path, template)` of `layers` merged over it in turn; `path` names the template in
-    errors. `pod`'s own env, volumes and mount paths are the operator's, like its labels:
-    a template that overrides one raises `TemplateError`."""
+    `(path, template)` of `layers` merged over it in turn, and the problems: `pod`'s own
+    env, volumes and mount paths are the operator's, like its labels, and a template entry
+    that would override one is left out and reported with its path."""
     out = copy.deepcopy(dict(pod))
+    problems: Problems = []
     meta, spec = out.setdefault("metadata", {}), out["spec"]
     container = spec["containers"][0]
     owned = {
@@ -72,8 +67,8 @@ def apply_templates(
         "volumeMounts": frozenset(m["mountPath"] for m in container.get("volumeMounts", [])),
     }
     for where, template in layers:
-        _merge_labels(meta, "labels", template.labels, where, PROTECTED_LABELS)
-        _merge_labels(meta, "annotations", template.annotations, where, frozenset())
+        problems += _merge_labels(meta, "labels", template.labels, where, PROTECTED_LABELS)
+        problems += _merge_labels(meta, "annotations", template.annotations, where, frozenset())
         for key, value in (
             ("serviceAccountName", template.service_account_name),
             ("priorityClassName", template.priority_class_name),
@@ -86,22 +81,26 @@ def apply_templates(
         spec["imagePullSecrets"] = _by_key(
             spec.get("imagePullSecrets", []),
             template.image_pull_secrets,
-            "name",
-            frozenset(),
+            ("name", frozenset()),
             f"{where}.imagePullSecrets",
+            problems,
         )
         if template.tolerations:
             tolerations = [*spec.get("tolerations", []), *copy.deepcopy(template.tolerations)]
             spec["tolerations"] = tolerations
         spec["volumes"] = _by_key(
-            spec.get("volumes", []), template.volumes, "name", owned["volumes"], f"{where}.volumes"
+            spec.get("volumes", []),
+            template.volumes,
+            ("name", owned["volumes"]),
+            f"{where}.volumes",
+            problems,
         )
         if template.container is not None:
-            _merge_container(container, template.container, owned, where)
+            problems += _merge_container(container, template.container, owned, where)
     for key in ("imagePullSecrets", "volumes", "nodeSelector", "affinity"):
         if not spec.get(key):
             spec.pop(key, None)
-    return out
+    return out, problems
 
 
 def _merge_container(
@@ -109,7 +108,8 @@ def _merge_container(
     template: ContainerTemplate,
     owned: Mapping[str, frozenset[str]],
     where: str,
-) -> None:
+) -> Problems:
+    problems: Problems = []
     _merge_map(container, "securityContext", template.security_context)
     resources = container.setdefault("resources", {})
     for kind, values in template.resources.items():
@@ -117,15 +117,20 @@ def _merge_container(
     if not resources:
         container.pop("resources")
     container["env"] = _by_key(
-        container.get("env", []), template.env, "name", owned["env"], f"{where}.container.env"
+        container.get("env", []),
+        template.env,
+        ("name", owned["env"]),
+        f"{where}.container.env",
+        problems,
     )
     container["volumeMounts"] = _by_key(
         container.get("volumeMounts", []),
         template.volume_mounts,
-        "mountPath",
-        owned["volumeMounts"],
+        ("mountPath", owned["volumeMounts"]),
         f"{where}.container.volumeMounts",
+        problems,
     )
+    return problems
 
 
 def _merge_map(target: dict[str, Any], key: str, values: Mapping[str, Any]) -> None:
@@ -139,25 +144,35 @@ def _merge_labels(
     values: Mapping[str, str],
     where: str,
     protected: frozenset[str],
-) -> None:
-    for name in values:
-        if name in protected or name.startswith(PROTECTED_PREFIX):
-            raise TemplateError(f"{where}.{key}", f"{name!r} is set by the operator")
-    if values:
-        meta[key] = {**meta.get(key, {}), **values}
+) -> Problems:
+    """Merge `values` into `meta[key]`; the protected names are left out and returned."""
+    refused = {n for n in values if n in protected or n.startswith(PROTECTED_PREFIX)}
+    allowed = {n: v for n, v in values.items() if n not in refused}
+    if allowed:
+        meta[key] = {**meta.get(key, {}), **allowed}
+    return [(f"{where}.{key}", f"{n!r} is set by the operator") for n in sorted(refused)]
 
 
 def _by_key(
-    base: _Objects, extra: _Objects, key: str, owned: frozenset[str], where: str
+    base: _Objects,
+    extra: _Objects,
+    keyed: tuple[str, frozenset[str]],
+    where: str,
+    problems: Problems,
 ) -> _Objects:
-    """`base` with each entry of `extra` replacing the one with its `key`, or appended."""
+    """`base` with each entry of `extra` replacing the one with the same `keyed[0]`, or
+    appended; an entry without one, or with one of `keyed[1]` (the operator's), is left
+    out and added to `problems`."""
+    key, owned = keyed
     out = {str(item[key]): item for item in base}
     for i, item in enumerate(extra):
         value = item.get(key)
         if not isinstance(value, str) or not value:
-            raise TemplateError(f"{where}[{i}]", f"needs a {key}")
+            problems.append((f"{where}[{i}]", f"needs a {key}"))
+            continue
         if value in owned:
-            raise TemplateError(f"{where}[{i}].{key}", f"{value!r} is the operator's")
+            problems.append((f"{where}[{i}].{key}", f"{value!r} is the operator's"))
+            continue
         out[value] = copy.deepcopy(item)
     return list(out.values())
 
@@ -293,11 +308,8 @@ def template_issues(spec: PipelineSpec, annotations: Mapping[str, str]) -> list[
     for path, template in templates:
         if template is None:
             continue
-        try:
-            pod = apply_templates(skeleton_pod(), [(path, template)])
-        except TemplateError as exc:
-            issues.append((exc.path, exc.reason))
-            continue
+        pod, found = apply_templates(skeleton_pod(), [(path, template)])
+        issues += found
         problems = restricted_violations(pod["spec"])
         if problems and not allowed:
             issues.append(

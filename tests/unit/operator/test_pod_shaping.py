@@ -269,7 +269,10 @@ def test_sloline_validate_names_each_bad_template(tmp_path: Path) -> None:
     folder = tmp_path / "noop"
     shutil.copytree(NOOP.parent, folder)
     doc = yaml.safe_load(NOOP.read_text())
-    doc["spec"]["podTemplate"] = {"labels": {"app.kubernetes.io/component": "x"}}
+    doc["spec"]["podTemplate"] = {
+        "labels": {"app.kubernetes.io/component": "x", "sloline.dev/stage": "y"},
+        "container": {"env": [{"value": "no name"}]},
+    }
     doc["spec"]["stages"][1]["podTemplate"] = {
         "container": {"securityContext": {"privileged": True}}
     }
@@ -282,10 +285,13 @@ def test_sloline_validate_names_each_bad_template(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert (
-        "  - spec.podTemplate.labels: 'app.kubernetes.io/component' is set by the operator\n"
-        in (result.stderr)
-    )
+    assert "is invalid (4 problem(s))" in result.stderr
+    for line in (
+        "spec.podTemplate.labels: 'app.kubernetes.io/component' is set by the operator",
+        "spec.podTemplate.labels: 'sloline.dev/stage' is set by the operator",
+        "spec.podTemplate.container.env[0]: needs a name",
+    ):
+        assert f"  - {line}\n" in result.stderr
     assert (
         "  - spec.stages[1].podTemplate: breaks Pod Security restricted: sloline: privileged"
         in result.stderr
