@@ -22,6 +22,7 @@ from sloline.operator.pods import render_profiling_job
 from sloline.operator.render import pipeline_file, render
 from sloline.operator.settings import OperatorSettings, parse_settings
 from sloline.spec import PipelineError
+from sloline.spec.models import ContainerTemplate, PodTemplate
 from sloline.spec.shaping import restricted_violations
 from tests.unit.operator.helpers import NOOP, make_plan, pipeline_object
 
@@ -149,6 +150,14 @@ def test_every_override_field_reaches_every_pod() -> None:
         # the pod's own template
         assert (meta["labels"].get("role") == "front") is router
         assert (meta["annotations"].get("example.com/job") == "profile") is job
+
+
+def test_the_every_field_template_sets_every_field() -> None:
+    def aliases(model: type[Any]) -> set[str]:
+        return {f.alias or n for n, f in model.model_fields.items()}
+
+    assert set(EVERYWHERE) == aliases(PodTemplate)
+    assert set(EVERYWHERE["container"]) == aliases(ContainerTemplate)
 
 
 def test_hardware_resources_are_kept_under_the_override() -> None:
