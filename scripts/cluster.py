@@ -8,7 +8,8 @@
 
 The binaries come from scripts/kube/build.sh (.tools/kube/<version>/bin). Everything else
 (certificates, service-account keys, etcd data, logs, kubeconfigs) lives in a fresh temp dir;
-.tools/kube/cluster.json records where, and the pids. Only one cluster per checkout.
+.tools/kube/cluster.json (or $SLOLINE_CLUSTER_STATE) records where, and the pids. Only one
+cluster per record.
 
 There is no node: no kubelet registers, so pods are scheduled nowhere (they stay Pending).
 etcd listens on plain HTTP, loopback only. Certificates need `cryptography` (the project's
@@ -40,7 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 KUBE_VERSION = "v1.37.2"
 BIN_DIR = ROOT / ".tools" / "kube" / KUBE_VERSION / "bin"
-STATE = ROOT / ".tools" / "kube" / "cluster.json"
+# $SLOLINE_CLUSTER_STATE moves the record, e.g. for a test's own throwaway control plane.
+STATE = Path(os.environ.get("SLOLINE_CLUSTER_STATE") or ROOT / ".tools" / "kube" / "cluster.json")
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
 ISSUER = "https://kubernetes.default.svc.cluster.local"

@@ -44,6 +44,9 @@ OWNED: Final[Mapping[str, tuple[tuple[str, ...], ...]]] = {
     "Deployment": (("spec", "strategy"), ("spec", "template")),
     "ServiceMonitor": (("spec",),),
     "Job": (("spec", "template"),),
+    "Ingress": (("spec",),),
+    "HTTPRoute": (("spec",),),
+    "GRPCRoute": (("spec",),),
 }
 
 

@@ -46,6 +46,10 @@ DEPLOYMENTS = Resource("apps/v1", "Deployment", "deployments")
 JOBS = Resource("batch/v1", "Job", "jobs")
 SERVICE_MONITORS = Resource("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors")
 PIPELINES = Resource("sloline.dev/v1alpha1", "PredictionPipeline", "predictionpipelines")
+INGRESSES = Resource("networking.k8s.io/v1", "Ingress", "ingresses")
+HTTP_ROUTES = Resource("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes")
+GRPC_ROUTES = Resource("gateway.networking.k8s.io/v1", "GRPCRoute", "grpcroutes")
+EXPOSURE: Final = (INGRESSES, HTTP_ROUTES, GRPC_ROUTES)
 RESOURCES: Final = {
     (r.api_version, r.kind): r
     for r in (
@@ -58,6 +62,7 @@ RESOURCES: Final = {
         JOBS,
         SERVICE_MONITORS,
         PIPELINES,
+        *EXPOSURE,
     )
 }
 

@@ -16,6 +16,7 @@ from typing import Any, Final
 from sloline.operator.settings import OperatorSettings
 from sloline.spec import PipelineGraph, parse_pipeline
 from sloline.spec.models import API_VERSION, KIND
+from sloline.spec.shaping import ANNOTATION_ALLOW_UNRESTRICTED
 
 MAX_NAME: Final = 63
 CONFIG_DIR: Final = "/etc/sloline"
@@ -29,7 +30,6 @@ WORKER_PORT: Final = 8003  # the router's WorkerService: workers only (NetworkPo
 WORKER_HEALTH_PORT: Final = 8080
 WORKER_GRACE_S: Final = 30
 WORKER_TOKEN_KEY: Final = "token"  # noqa: S105 - the key in `<p>-worker-token`
-RUN_AS_USER: Final = 10001  # the runtime image's user (docker/Dockerfile.runtime)
 TMP_DIR: Final = "/tmp"  # noqa: S108 - the one writable path of a read-only root: an emptyDir
 
 MANAGER: Final = "sloline-operator"
@@ -133,6 +133,7 @@ class Target:
     tls_secret: str | None = None  # the router's TLS certificate and key
     client_ca_secret: str | None = None  # require client certificates signed by its ca.crt
     auth_secret: str | None = None  # bearer tokens (key `tokens`, one per line)
+    allow_unrestricted_pods: bool = False  # pod templates may break Pod Security restricted
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> Target:
@@ -149,6 +150,7 @@ class Target:
             tls_secret=annotations.get(ANNOTATION_TLS_SECRET) or None,
             client_ca_secret=annotations.get(ANNOTATION_CLIENT_CA_SECRET) or None,
             auth_secret=annotations.get(ANNOTATION_AUTH_SECRET) or None,
+            allow_unrestricted_pods=annotations.get(ANNOTATION_ALLOW_UNRESTRICTED) == "true",
         )
 
     def model_dir(self, settings: OperatorSettings) -> str:

@@ -25,12 +25,15 @@ from typing import Any
 
 import yaml
 
+from sloline.operator.exposure import exposure_issues
 from sloline.operator.naming import ANNOTATION_MODEL_DIR, Target, digest, model_dir_problem
+from sloline.operator.pods import pod_issues
 from sloline.operator.settings import OperatorSettings
 from sloline.planner.plan import Plan
 from sloline.planner.profile import PipelineProfile
 from sloline.planner.profile_message import ProfileMessage, assemble_profile, decode_message
 from sloline.spec import Issue, PipelineGraph
+from sloline.spec.models import STAGE_KUBERNETES_ONLY
 
 RESERVED_STAGE_NAMES = frozenset({"router", "config", "profiles"})
 
@@ -70,7 +73,8 @@ class CacheEntry:
 def operator_issues(target: Target, settings: OperatorSettings) -> list[Issue]:
     """What a valid spec can still get wrong on this cluster: hardware classes missing from
     the operator's catalog, names the rendered objects cannot take, files the operator
-    cannot read, a `sloline.dev/model-dir` annotation outside the models root."""
+    cannot read, a `sloline.dev/model-dir` annotation outside the models root, pod
+    templates the pods cannot take (`pod_issues`), routes without a Gateway."""
     spec = target.graph.pipeline.spec
     catalog = settings.catalog.names()
     issues = [
@@ -104,6 +108,9 @@ def operator_issues(target: Target, settings: OperatorSettings) -> list[Issue]:
         problem = model_dir_problem(annotation, settings.models.root)
         if problem:
             issues.append(Issue(f"metadata.annotations[{ANNOTATION_MODEL_DIR}]", problem))
+    if not issues:  # the pods render only with a usable model directory and classes
+        issues += pod_issues(target, settings)
+    issues += exposure_issues(target, settings)
     if spec.workload.trace_uri:
         issues.append(
             Issue(
@@ -127,7 +134,9 @@ def _ancestors(graph: PipelineGraph, stage: str) -> list[str]:
 
 
 def _stage_doc(graph: PipelineGraph, stage: str) -> dict[str, Any]:
-    return graph.stages[stage].spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return graph.stages[stage].spec.model_dump(
+        mode="json", by_alias=True, exclude_none=True, exclude=STAGE_KUBERNETES_ONLY
+    )
 
 
 def _common(target: Target, settings: OperatorSettings) -> dict[str, Any]:

@@ -1,11 +1,17 @@
 """The pods that run sloline on Kubernetes: the router and worker Deployments and the
 profiling Jobs. Pure functions, like the rest of rendering (`sloline.operator.render`).
 
-Every pod passes the Pod Security Standard `restricted` (`_pod_security`): non-root as
-the image's user, no privilege escalation, no capabilities, the runtime's default seccomp
-profile, a read-only root filesystem with an emptyDir at /tmp (the images' HOME and
-caches), and no service-account token (none of them calls the API). The router and the
-workers read the worker token from `<p>-worker-token` through the environment (`_env`).
+Every pod passes the Pod Security Standard `restricted` (`_pod_security`): non-root,
+no privilege escalation, no capabilities, the runtime's default seccomp profile, a
+read-only root filesystem with an emptyDir at /tmp (the images' HOME and caches), and no
+service-account token (none of them calls the API). The router and the workers read the
+worker token from `<p>-worker-token` through the environment (`_env`).
+
+Each pod is then shaped (`_shape`): the operator settings' `pods`, the spec's
+`podTemplate` and the pod's own template (the router's, the stage's, the profiling one)
+are merged over it in that order (`sloline.spec.shaping`), and the result must still pass
+`restricted` unless the pipeline opts out, and no template may override what the operator
+relies on; otherwise rendering raises `TemplateError`.
 
 Each pod template carries `sloline.dev/config-hash`, a digest of exactly the ConfigMap
 content that pod reads: the router's covers the whole pipeline file and the plan, a
@@ -16,8 +22,10 @@ one stage rolls that stage's Deployment and the router, nothing else.
 
 from __future__ import annotations
 
+import copy
+import functools
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sloline.operator.naming import (
@@ -31,7 +39,6 @@ from sloline.operator.naming import (
     METRICS_PORT,
     PIPELINE_FILE,
     PLAN_FILE,
-    RUN_AS_USER,
     SECRETS_DIR,
     TMP_DIR,
     WORKER_GRACE_S,
@@ -52,9 +59,27 @@ from sloline.operator.naming import (
 )
 from sloline.operator.settings import OperatorSettings
 from sloline.serving.auth import WORKER_TOKEN_ENV
-from sloline.spec import HardwareClass, PipelineGraph
+from sloline.spec import HardwareClass, Issue, PipelineGraph
+from sloline.spec.models import STAGE_KUBERNETES_ONLY, PodTemplate
+from sloline.spec.shaping import (
+    ANNOTATION_ALLOW_UNRESTRICTED,
+    RESTRICTED_CONTAINER_SECURITY,
+    RESTRICTED_POD_SECURITY,
+    Problems,
+    apply_templates,
+    restricted_violations,
+)
 
 Manifest = dict[str, Any]
+
+
+class TemplateError(ValueError):
+    """Pod templates that would replace what the operator relies on, or break Pod
+    Security `restricted`: `problems` lists each as (field path, reason)."""
+
+    def __init__(self, problems: Problems) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{path}: {reason}" for path, reason in problems))
 
 
 def stage_inputs(graph: PipelineGraph, stage: str) -> list[dict[str, Any]]:
@@ -73,7 +98,9 @@ def stage_inputs(graph: PipelineGraph, stage: str) -> list[dict[str, Any]]:
 
 
 def worker_config_hash(graph: PipelineGraph, stage: str) -> str:
-    spec = graph.stages[stage].spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    spec = graph.stages[stage].spec.model_dump(
+        mode="json", by_alias=True, exclude_none=True, exclude=STAGE_KUBERNETES_ONLY
+    )
     return digest({"stage": spec, "inputs": stage_inputs(graph, stage)})
 
 
@@ -162,11 +189,7 @@ def _container(
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["sloline"],
         "args": args,
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": copy.deepcopy(dict(RESTRICTED_CONTAINER_SECURITY)),
         **extra,
     }
 
@@ -174,12 +197,7 @@ def _container(
 def _pod_security() -> dict[str, Any]:
     """Pod-level settings of Pod Security `restricted`; the container's are in `_container`."""
     return {
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": copy.deepcopy(dict(RESTRICTED_POD_SECURITY)),
         "automountServiceAccountToken": False,
     }
 
@@ -257,6 +275,38 @@ def _with_model_storage(
     return template
 
 
+def _shape(
+    template: dict[str, Any],
+    target: Target,
+    settings: OperatorSettings,
+    pod: str,
+    *layers: tuple[str, PodTemplate | None],
+) -> dict[str, Any]:
+    """`template` with the settings' pods, the spec's podTemplate and `layers` merged over
+    it; raises `TemplateError` when the result breaks Pod Security `restricted` (unless
+    the pipeline allows it) or a template overrides what the operator relies on."""
+    spec = target.graph.pipeline.spec
+    given = (("settings.pods", settings.pods), ("spec.podTemplate", spec.pod_template), *layers)
+    present = [(where, layer) for where, layer in given if layer is not None]
+    template, found = apply_templates(template, present)
+    violations = restricted_violations(template["spec"])
+    if violations and not target.allow_unrestricted_pods:
+        reason = (
+            f"the {pod} pod would not pass Pod Security restricted: {'; '.join(violations)} "
+            f'(annotation {ANNOTATION_ALLOW_UNRESTRICTED}: "true" allows it)'
+        )
+        found.append((present[-1][0] if present else "spec", reason))
+    if found:
+        raise TemplateError(found)
+    return template
+
+
+def _stage_layer(target: Target, stage: str) -> tuple[str, PodTemplate | None]:
+    """The stage's podTemplate, named by its path in the spec."""
+    index = [s.name for s in target.graph.pipeline.spec.stages].index(stage)
+    return f"spec.stages[{index}].podTemplate", target.graph.stages[stage].spec.pod_template
+
+
 # --- workloads -----------------------------------------------------------------------------
 
 
@@ -309,6 +359,10 @@ def render_router(
         container,
         volumes,
         terminationGracePeriodSeconds=WORKER_GRACE_S,
+    )
+    spec = target.graph.pipeline.spec
+    template = _shape(
+        template, target, settings, "router", ("spec.routerPodTemplate", spec.router_pod_template)
     )
     return {
         "apiVersion": "apps/v1",
@@ -392,6 +446,7 @@ def render_worker(
         **_placement(hw),
     )
     template = _with_model_storage(template, target, settings, stage)
+    template = _shape(template, target, settings, f"{stage} worker", _stage_layer(target, stage))
     meta = target.metadata(
         worker_name(target.name, stage), pod_labels, {ANNOTATION_PLANNED_REPLICAS: str(replicas)}
     )
@@ -448,6 +503,14 @@ def render_profiling_job(
         pod_labels, annotations, container, volumes, restartPolicy="Never", **_placement(hw)
     )
     template = _with_model_storage(template, target, settings, stage)
+    template = _shape(
+        template,
+        target,
+        settings,
+        f"{stage} profiling",
+        _stage_layer(target, stage),
+        ("spec.profilingPodTemplate", target.graph.pipeline.spec.profiling_pod_template),
+    )
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -460,3 +523,25 @@ def render_profiling_job(
             "template": template,
         },
     }
+
+
+def pod_issues(target: Target, settings: OperatorSettings) -> list[Issue]:
+    """What keeps the pipeline's pods from rendering: a pod template that overrides what
+    the operator relies on, or that breaks Pod Security `restricted` over the settings'
+    `pods` (each stage checked on its first allowed hardware class)."""
+    spec = target.graph.pipeline.spec
+    allowed = spec.hardware or settings.catalog.names()
+    renders: list[Callable[[], object]] = [lambda: render_router(target, settings, {})]
+    for stage in target.graph.order:
+        hardware = target.graph.stages[stage].spec.hardware or allowed[0]
+        renders += [
+            functools.partial(render_worker, target, settings, stage, hardware, 1),
+            functools.partial(render_profiling_job, target, settings, stage, hardware, ""),
+        ]
+    issues: list[Issue] = []
+    for render in renders:
+        try:
+            render()
+        except TemplateError as exc:
+            issues += [Issue(*p) for p in exc.problems if Issue(*p) not in issues]
+    return issues

@@ -11,8 +11,8 @@ picks up where the cluster is:
    Jobs run, `Waiting` (the handler retries after `profiling.pollS`);
 3. plan, unless `<p>-config` already holds the plan of the same inputs;
 4. render and apply `<p>-worker-token` (its token made once, then read back), `<p>-config`,
-   the router, its Services and NetworkPolicy, the workers (and the ServiceMonitor), prune
-   what the pipeline no longer needs;
+   the router, its Services and NetworkPolicy, the workers (and the ServiceMonitor, the
+   Ingress and Gateway API routes the pipeline wants), prune what it no longer needs;
 5. status: conditions, phase, plan summary, endpoints.
 
 `Waiting` and `Failed` tell the caller how it ended short of a deployment; this module
@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from sloline.operator import kube
 from sloline.operator.apply import ApplyReport, apply, prune
+from sloline.operator.exposure import render_exposure
 from sloline.operator.kube import ApiError, KubeApi
 from sloline.operator.metrics import OperatorMetrics
 from sloline.operator.naming import (
@@ -182,7 +183,7 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], event: EventFn) -> 
         cache = _profile(ctx, target, tasks, dataflow, changes, event)
         flush = lambda: update_status(ctx, namespace, name, change)  # noqa: E731
         plan, inputs = _plan(ctx, target, tasks, cache, dataflow, changes, event, flush)
-        report = _deploy(ctx, target, plan, inputs, changes)
+        report = _deploy(ctx, target, plan, inputs, changes, event)
     except (Waiting, Failed):
         update_status(ctx, namespace, name, change)
         raise
@@ -465,7 +466,12 @@ def _plan(
 
 
 def _deploy(
-    ctx: OperatorContext, target: Target, plan: Plan, inputs: str, changes: StatusChanges
+    ctx: OperatorContext,
+    target: Target,
+    plan: Plan,
+    inputs: str,
+    changes: StatusChanges,
+    event: EventFn,
 ) -> ApplyReport:
     api, settings, ns = ctx.api, ctx.settings, target.namespace
     monitors = api.serves("monitoring.coreos.com/v1", "servicemonitors")
@@ -478,10 +484,18 @@ def _deploy(
     objects = render(
         target, plan, settings, worker_token=token, plan_inputs=inputs, service_monitor=wanted
     )
+    # Ingress and routes where the cluster serves their API (Gateway API is a CRD).
+    served = [r for r in kube.EXPOSURE if api.serves(r.api_version, r.plural)]
+    exposed = render_exposure(target, settings)
+    unserved = sorted({o["kind"] for o in exposed} - {r.kind for r in served})
+    if unserved:
+        message = f"the cluster does not serve {', '.join(unserved)}: not created"
+        event("Warning", "ExposureUnavailable", message)
+    objects += [o for o in exposed if o["kind"] not in unserved]
     report = apply(api, objects)
     keep = {f"{o['kind']}/{o['metadata']['name']}" for o in objects}
     keep.add(f"ConfigMap/{profiles_name(target.name)}")
-    resources = [kube.DEPLOYMENTS, kube.SERVICES, kube.CONFIG_MAPS, kube.JOBS]
+    resources = [kube.DEPLOYMENTS, kube.SERVICES, kube.CONFIG_MAPS, kube.JOBS, *served]
     resources += [kube.SERVICE_MONITORS] if monitors else []
     pruned = prune(api, resources, ns, managed_selector(target.name), target.uid, keep)
     report.deleted += pruned.deleted

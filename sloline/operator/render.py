@@ -43,18 +43,21 @@ from sloline.operator.pods import Manifest, render_router, render_worker
 from sloline.operator.settings import OperatorSettings
 from sloline.planner.plan import Plan
 from sloline.spec import PipelineGraph
-from sloline.spec.models import API_VERSION, KIND
+from sloline.spec.models import API_VERSION, KIND, KUBERNETES_ONLY
 
 
 def pipeline_file(graph: PipelineGraph) -> str:
     """`pipeline.yaml` as `sloline validate` reads it: the normalised spec, no cluster
-    metadata (labels and annotations would roll pods for no reason)."""
+    metadata (labels and annotations would roll pods for no reason) and none of the
+    fields only the operator reads (pod templates, exposure)."""
     pipeline = graph.pipeline
     doc = {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": {"name": pipeline.metadata.name},
-        "spec": pipeline.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "spec": pipeline.spec.model_dump(
+            mode="json", by_alias=True, exclude_none=True, exclude=KUBERNETES_ONLY
+        ),
     }
     return yaml.safe_dump(doc, sort_keys=True)
 

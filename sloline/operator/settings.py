@@ -18,12 +18,14 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from sloline.spec.hardware import DEFAULT_CATALOG, HardwareCatalog
-from sloline.spec.models import SpecModel
+from sloline.spec.models import K8sObjects, PodTemplate, SpecModel
 from sloline.spec.validate import Issue, PipelineError
 from sloline.tuner.policy import TunerSettings
 
 CONFIG_ENV = "SLOLINE_OPERATOR_CONFIG"
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/sloline/sloline-runtime:0.1.0"
+RUNTIME_USER = 10001  # the runtime image's user and group (docker/Dockerfile.runtime)
+Exposure = Literal["ingress", "httpRoute", "grpcRoute"]
 
 
 class SettingsModel(SpecModel):
@@ -131,6 +133,39 @@ class ObservabilitySettings(SettingsModel):
                 {"name": "OTEL_SERVICE_NAME", "value": service},
             ]
         return env
+def _default_pods() -> PodTemplate:
+    return PodTemplate(security_context={"runAsUser": RUNTIME_USER, "runAsGroup": RUNTIME_USER})
+
+
+class ExposureSettings(SettingsModel):
+    """Defaults of the pipelines' Ingress and Gateway API routes (`spec.exposure`)."""
+
+    enabled: list[Exposure] = Field(
+        default_factory=list,
+        description="what every pipeline gets even without spec.exposure",
+    )
+    host: str = Field(
+        default="",
+        max_length=253,
+        description="host template of Ingresses and routes: {name} and {namespace} are the "
+        "pipeline's; '' = every host",
+    )
+    ingress_class_name: str = Field(
+        default="", max_length=253, description="'' = the cluster's default IngressClass"
+    )
+    ingress_annotations: dict[str, str] = Field(default_factory=dict)
+    parent_refs: K8sObjects = Field(
+        default_factory=list, description="the Gateway(s) the routes attach to"
+    )
+
+    @field_validator("host")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        try:
+            value.format(name="p", namespace="n")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"only {{name}} and {{namespace}} may be used ({exc})") from None
+        return value
 
 
 class OperatorSettings(SettingsModel):
@@ -146,6 +181,11 @@ class OperatorSettings(SettingsModel):
     router: RouterDeploymentSettings = Field(default_factory=RouterDeploymentSettings)
     service_monitor: Literal["auto", "always", "never"] = "auto"
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
+    pods: PodTemplate = Field(
+        default_factory=_default_pods,
+        description="defaults of every pipeline pod, under each pipeline's podTemplate",
+    )
+    exposure: ExposureSettings = Field(default_factory=ExposureSettings)
 
     @field_validator("catalog")
     @classmethod

@@ -279,6 +279,10 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:  # noqa: C901, PLR0912 
         merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
         return _structural(merged, defs)
     any_of = node.get("anyOf")
+    if any_of is not None and {o.get("type") for o in any_of} == {"string", "integer"}:
+        # a quantity (`cpu: 1` or `cpu: 500m`): Kubernetes' int-or-string
+        rest = {k: v for k, v in node.items() if k not in ("anyOf", "title")}
+        return {**_structural(rest, defs), "x-kubernetes-int-or-string": True}
     if any_of is not None:
         options = [o for o in any_of if o.get("type") != "null"]
         if len(options) == 1:

@@ -149,6 +149,93 @@ class ModelSpec(SpecModel):
     )
 
 
+# Kubernetes objects inside a pod template (tolerations, volumes, env entries ...) are kept
+# as given; the API server checks them when the operator creates the pod.
+K8sObjects = list[dict[str, Any]]
+K8S_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+class ContainerTemplate(SpecModel):
+    """Overrides of the pod's sloline container (Kubernetes Container field names)."""
+
+    security_context: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Container securityContext keys; each replaces the operator's "
+        "(allowPrivilegeEscalation false, readOnlyRootFilesystem true, drop ALL).",
+    )
+    resources: dict[str, dict[str, str | int]] = Field(
+        default_factory=dict,
+        description="requests / limits / claims; each quantity replaces the hardware "
+        "class's of the same resource.",
+    )
+    env: K8sObjects = Field(
+        default_factory=list,
+        max_length=256,
+        description="EnvVar entries, added to the operator's (whose names are reserved).",
+    )
+    volume_mounts: K8sObjects = Field(
+        default_factory=list,
+        max_length=64,
+        description="VolumeMount entries of the pod template's volumes.",
+    )
+
+
+class PodTemplate(SpecModel):
+    """Overrides of a pod the operator renders (Kubernetes PodSpec field names)."""
+
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Pod labels; the operator's own (app.kubernetes.io/*, sloline.dev/*) "
+        "cannot be set.",
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Pod annotations; sloline.dev/* cannot be set.",
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=K8S_NAME_PATTERN,
+        description="The pod's ServiceAccount.",
+    )
+    image_pull_secrets: K8sObjects = Field(
+        default_factory=list,
+        max_length=16,
+        description="LocalObjectReference entries ({name: regcred}), added to the defaults.",
+    )
+    priority_class_name: str | None = Field(
+        default=None, max_length=253, description="The pod's PriorityClass."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Merged over the hardware class's nodeSelector, key by key.",
+    )
+    tolerations: K8sObjects = Field(
+        default_factory=list,
+        max_length=64,
+        description="Toleration entries, added to the hardware class's.",
+    )
+    affinity: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Affinity: nodeAffinity, podAffinity, podAntiAffinity, each replacing "
+        "the default's.",
+    )
+    security_context: dict[str, Any] = Field(
+        default_factory=dict,
+        description="PodSecurityContext keys; each replaces the operator's (runAsNonRoot "
+        "true, seccompProfile RuntimeDefault, runAsUser/runAsGroup of the operator "
+        "settings).",
+    )
+    volumes: K8sObjects = Field(
+        default_factory=list,
+        max_length=64,
+        description="Volume entries, added to the operator's (whose names are reserved).",
+    )
+    container: ContainerTemplate | None = Field(
+        default=None, description="Overrides of the pod's sloline container."
+    )
+
+
 class StageSpec(SpecModel):
     """One model of the pipeline, with its inputs, outputs and serving bounds."""
 
@@ -206,6 +293,11 @@ class StageSpec(SpecModel):
         ge=1,
         le=1024,
         description="Upper bound on the replicas the planner and tuner choose (1 to 1024).",
+    )
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="Overrides of this stage's worker pods (and its profiling pods), merged "
+        "over spec.podTemplate (docs/kubernetes.md, Shaping pods).",
     )
 
 
@@ -280,6 +372,62 @@ class SamplesSpec(SpecModel):
     )
 
 
+class IngressExposure(SpecModel):
+    """An Ingress `<pipeline>` to the router's `http` port."""
+
+    ingress_class_name: str | None = Field(
+        default=None, max_length=253, description="Default: the operator settings' class."
+    )
+    host: str | None = Field(
+        default=None,
+        max_length=253,
+        description="Default: the operator settings' host template; none = every host.",
+    )
+    path: str = Field(default="/", pattern=r"^/", max_length=1024, description="Path prefix.")
+    tls_secret_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=K8S_NAME_PATTERN,
+        description="A kubernetes.io/tls Secret for the host: TLS at the Ingress.",
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Ingress annotations (e.g. the controller's), over the settings' ones.",
+    )
+
+
+class RouteExposure(SpecModel):
+    """A Gateway API route `<pipeline>` to the router's `http` (HTTPRoute) or `grpc`
+    (GRPCRoute) port."""
+
+    parent_refs: K8sObjects = Field(
+        default_factory=list,
+        max_length=32,
+        description="ParentReference entries (the Gateway); default: the operator settings'.",
+    )
+    hostnames: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Default: the operator settings' host template; none = every host.",
+    )
+    annotations: dict[str, str] = Field(default_factory=dict, description="Route annotations.")
+
+
+class ExposureSpec(SpecModel):
+    """Reaching the pipeline from outside the cluster: each key present creates that object
+    (owned by the pipeline) in its namespace (docs/kubernetes.md)."""
+
+    ingress: IngressExposure | None = Field(
+        default=None, description="A networking.k8s.io Ingress."
+    )
+    http_route: RouteExposure | None = Field(
+        default=None, description="A gateway.networking.k8s.io/v1 HTTPRoute."
+    )
+    grpc_route: RouteExposure | None = Field(
+        default=None, description="A gateway.networking.k8s.io/v1 GRPCRoute."
+    )
+
+
 class PipelineSpec(SpecModel):
     """A DAG of models served under a latency SLO; the planner chooses hardware, batch
     sizes and replicas for the workload at the lowest cost."""
@@ -310,6 +458,22 @@ class PipelineSpec(SpecModel):
             "`model.storageUri` fetches `<storageUri>/<model.uri>`."
         ),
     )
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="Overrides of every pod of the pipeline: router, workers, profiling "
+        "(docs/kubernetes.md, Shaping pods).",
+    )
+    router_pod_template: PodTemplate | None = Field(
+        default=None, description="Overrides of the router pod, merged over podTemplate."
+    )
+    profiling_pod_template: PodTemplate | None = Field(
+        default=None,
+        description="Overrides of the profiling pods, merged over podTemplate and the "
+        "stage's podTemplate.",
+    )
+    exposure: ExposureSpec | None = Field(
+        default=None, description="Ingress and Gateway API routes to the router."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -335,6 +499,18 @@ class PipelineSpec(SpecModel):
             else:
                 filled.append(stage)
         return {**data, "stages": filled}
+
+
+# What only the operator reads (how its pods look, how the router is reached): left out of
+# the pipeline file the pods read and of the digests that decide re-profiling and rolls.
+KUBERNETES_ONLY: Final[dict[str, Any]] = {
+    "pod_template": True,
+    "router_pod_template": True,
+    "profiling_pod_template": True,
+    "exposure": True,
+    "stages": {"__all__": {"pod_template": True}},
+}
+STAGE_KUBERNETES_ONLY: Final[dict[str, Any]] = {"pod_template": True}
 
 
 class Metadata(SpecModel):

@@ -16,6 +16,7 @@ from sloline.common.trace import MAX_PLANNING_ARRIVALS, arrival_problem
 from sloline.spec.condition import Condition, ConditionError, parse_condition
 from sloline.spec.models import PredictionPipeline, StageSpec, TensorSpec
 from sloline.spec.paths import path_issues
+from sloline.spec.shaping import template_issues
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,7 @@ def build_graph(pipeline: PredictionPipeline) -> PipelineGraph:
     )
     issues = _check_names(pipeline) + _check_workload(pipeline) + _check_replicas(pipeline)
     issues += [Issue(path, reason) for path, reason in path_issues(pipeline)]
+    issues += [Issue(p, r) for p, r in template_issues(spec, pipeline.metadata.annotations)]
     nodes: dict[str, StageNode] = {}
     for i, stage in enumerate(spec.stages):
         node, found = _stage_node(i, stage, names)

@@ -206,6 +206,11 @@ def test_custom_settings_file_is_accepted_by_the_operator(
     assert settings.catalog.names() == ["cpu-4", "gpu-l4"]
     assert settings.tuner.scale_down_enabled is False
     assert settings.service_monitor == "always"
+    assert settings.pods.security_context == {}  # null dropped the defaults' UID and GID
+    assert settings.pods.image_pull_secrets == [{"name": "regcred"}]  # the top-level ones
+    assert settings.pods.service_account_name == "ml-pods"
+    assert settings.exposure.enabled == ["httpRoute", "grpcRoute"]
+    assert settings.exposure.parent_refs == [{"name": "public", "namespace": "gateways"}]
 
 
 def test_values_schema_settings_match_the_operator_settings_model() -> None:
@@ -227,7 +232,17 @@ def test_values_schema_settings_match_the_operator_settings_model() -> None:
 
 
 # Values documented as one row: their insides are the operator's settings or pod fields.
-OPAQUE_VALUES = {"resources", "catalog", "profiling", "tuner", "labels", "annotations"}
+OPAQUE_VALUES = {
+    "resources",
+    "catalog",
+    "profiling",
+    "tuner",
+    "labels",
+    "annotations",
+    "pods",
+    "podSecurityContext",
+    "securityContext",
+}
 
 
 def value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
@@ -278,6 +293,9 @@ def test_cluster_role_grants_only_what_the_operator_uses(
         "apps/deployments/scale": {"get", "patch"},
         "batch/jobs": read | {"create", "delete"},
         "monitoring.coreos.com/servicemonitors": read | write,
+        "networking.k8s.io/ingresses": {"get", "list"} | write,
+        "gateway.networking.k8s.io/httproutes": {"get", "list"} | write,
+        "gateway.networking.k8s.io/grpcroutes": {"get", "list"} | write,
         "apiextensions.k8s.io/customresourcedefinitions": read,
     }
     binding = only(default_objects, "ClusterRoleBinding")
@@ -508,3 +526,35 @@ def test_crd_schema_rejects_a_broken_example(crd_validator: jsonschema.Draft4Val
     del doc["spec"]["output"]
     paths = {"/".join(map(str, e.absolute_path)) for e in crd_validator.iter_errors(doc)}
     assert paths == {"spec", "spec/slo/latencyMs", "spec/stages/0/outputs/0/datatype"}
+
+
+@needs_helm
+def test_security_contexts_can_leave_the_uid_to_the_platform(helm_env: dict[str, str]) -> None:
+    """OpenShift's restricted SCC assigns the UID: null drops a key of the operator pod's
+    securityContext and of the pipeline pods' defaults, and the schema accepts it; the
+    operator pod takes more volumes."""
+    objects = template(
+        helm_env,
+        *("--set", "operator.podSecurityContext.runAsUser=null"),
+        *("--set", "operator.podSecurityContext.runAsGroup=null"),
+        *("--set", "operator.podSecurityContext.fsGroup=null"),
+        *("--set", "operator.securityContext.runAsUser=1000650000"),
+        *("--set", "settings.pods.securityContext=null"),
+        *("--set", "imagePullSecrets[0].name=regcred"),
+        *("--set", "operator.extraVolumes[0].name=ca"),
+        *("--set", "operator.extraVolumes[0].configMap.name=corp-ca"),
+        *("--set", "operator.extraVolumeMounts[0].name=ca"),
+        *("--set", "operator.extraVolumeMounts[0].mountPath=/etc/ssl/corp"),
+    )
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert operator_container(objects)["securityContext"]["runAsUser"] == 1000650000
+    assert {"name": "ca", "configMap": {"name": "corp-ca"}} in pod["volumes"]
+    mounts = operator_container(objects)["volumeMounts"]
+    assert {"name": "ca", "mountPath": "/etc/ssl/corp"} in mounts
+    settings = parse_settings(settings_file(objects))
+    assert settings.pods.security_context == {}
+    assert settings.pods.image_pull_secrets == [{"name": "regcred"}]

@@ -59,5 +59,10 @@ app.kubernetes.io/component: operator
 {{/* The operator settings file (docs/kubernetes.md "Operator configuration"). */}}
 {{- define "sloline.settingsFile" -}}
 {{- $image := dict "runtimeImage" (include "sloline.image" (dict "root" . "image" .Values.image.runtime)) "imagePullPolicy" .Values.image.runtime.pullPolicy -}}
-{{- toYaml (merge $image (deepCopy .Values.settings)) -}}
+{{- $settings := deepCopy .Values.settings -}}
+{{- $pods := $settings.pods | default dict -}}
+{{- $secrets := concat .Values.imagePullSecrets ($pods.imagePullSecrets | default list) -}}
+{{- if $secrets }}{{ $_ := set $pods "imagePullSecrets" $secrets }}{{ end -}}
+{{- $_ := set $settings "pods" $pods -}}
+{{- toYaml (merge $image $settings) -}}
 {{- end -}}

@@ -4,8 +4,10 @@ the dataflow digest once."""
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -21,18 +23,28 @@ from sloline.planner import profile_message
 from sloline.planner.profile import StageProfile
 from sloline.planner.profile_message import ProfileMessage, encode_profile
 from tests.support.kube import KubeEmulator
+from tests.support.kube.monitoring import SERVICE_MONITOR_CRD
 from tests.unit.operator.helpers import NOOP
 
 ROOT = Path(__file__).resolve().parents[3]
+# A minimal Gateway API HTTPRoute CRD: the emulator then serves the kind.
+HTTP_ROUTE_CRD = copy.deepcopy(SERVICE_MONITOR_CRD)
+HTTP_ROUTE_CRD["metadata"]["name"] = "httproutes.gateway.networking.k8s.io"
+HTTP_ROUTE_CRD["spec"]["group"] = "gateway.networking.k8s.io"
+HTTP_ROUTE_CRD["spec"]["names"] = {
+    "kind": "HTTPRoute",
+    "listKind": "HTTPRouteList",
+    "plural": "httproutes",
+    "singular": "httproute",
+}
 CRD = ROOT / "helm" / "sloline" / "crds" / "predictionpipelines.sloline.dev.yaml"
 
 
-def test_a_reconcile_decodes_each_profile_message_once(
-    kube: KubeEmulator, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    kube.register_crd(CRD)
-    body = kube.create(yaml.safe_load(NOOP.read_text()) | {"metadata": {"name": "noop"}})
-    settings = OperatorSettings()
+def cache_profiles(
+    kube: KubeEmulator, body: dict[str, Any], settings: OperatorSettings
+) -> dict[str, str]:
+    """Fill `<p>-profiles` with a profile of every task, so a reconcile plans and deploys
+    at once; the profile messages by cache key."""
     target = Target.of(body)
     dataflow = dataflow_digest(target, settings)
     messages = {
@@ -46,10 +58,20 @@ def test_a_reconcile_decodes_each_profile_message_once(
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {"name": profiles_name("noop"), "namespace": "default"},
+            "metadata": {"name": profiles_name(target.name), "namespace": target.namespace},
             "data": cache,
         }
     )
+    return messages
+
+
+def test_a_reconcile_decodes_each_profile_message_once(
+    kube: KubeEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kube.register_crd(CRD)
+    body = kube.create(yaml.safe_load(NOOP.read_text()) | {"metadata": {"name": "noop"}})
+    settings = OperatorSettings()
+    messages = cache_profiles(kube, body, settings)
 
     decoded: Counter[str] = Counter()
     digests: list[str] = []
@@ -73,4 +95,44 @@ def test_a_reconcile_decodes_each_profile_message_once(
 
     assert report.created  # planned and deployed
     assert decoded == Counter(messages.values())  # each message once
-    assert digests == [dataflow]
+    assert digests == [dataflow_digest(Target.of(body), settings)]
+
+
+def test_a_reconcile_creates_the_routes_the_cluster_serves_and_prunes_them(
+    kube: KubeEmulator,
+) -> None:
+    """The emulator serves HTTPRoute (its CRD registered) but neither GRPCRoute nor
+    Ingress: the HTTPRoute is created, owned by the pipeline; the others are reported in
+    an event; with exposure gone from the spec the HTTPRoute is deleted."""
+    kube.register_crd(CRD)
+    kube.register_crd(HTTP_ROUTE_CRD)
+    doc = yaml.safe_load(NOOP.read_text()) | {"metadata": {"name": "noop"}}
+    doc["spec"]["exposure"] = {
+        "httpRoute": {"parentRefs": [{"name": "public"}]},
+        "grpcRoute": {"parentRefs": [{"name": "public"}]},
+        "ingress": {},
+    }
+    body = kube.create(doc)
+    settings = OperatorSettings()
+    cache_profiles(kube, body, settings)
+    events: list[tuple[str, str, str]] = []
+    ctx = OperatorContext(KubeApi.connect(str(kube.kubeconfig_path)), settings)
+
+    report = reconcile(ctx, body, lambda *event: events.append(event))
+
+    assert "HTTPRoute/noop" in report.created
+    route = kube.get("httproutes", "default", "noop")
+    assert route["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+    assert route["spec"]["rules"][0]["backendRefs"] == [{"name": "noop-router", "port": 8000}]
+    assert (
+        "Warning",
+        "ExposureUnavailable",
+        "the cluster does not serve GRPCRoute, Ingress: not created",
+    ) in events
+
+    body = kube.get("predictionpipelines", "default", "noop")
+    body["spec"].pop("exposure")
+    body = kube.replace(body)
+    report = reconcile(ctx, body, lambda *_: None)
+    assert "HTTPRoute/noop" in report.deleted
+    assert kube.find("httproutes", "default", "noop") is None
