@@ -133,6 +133,8 @@ class ObservabilitySettings(SettingsModel):
                 {"name": "OTEL_SERVICE_NAME", "value": service},
             ]
         return env
+
+
 def _default_pods() -> PodTemplate:
     return PodTemplate(security_context={"runAsUser": RUNTIME_USER, "runAsGroup": RUNTIME_USER})
 

@@ -257,18 +257,8 @@ class Router:
         self._inflight += 1
         try:
             loop = asyncio.get_running_loop()
-            # One request per row, queued together (batchable), answered together.
-            states = [
-                _Request(DagRun(self._dag, row), loop.create_future(), now, now + timeout_s)
-                for row in rows
-            ]
+            states = self._row_states(loop, rows, now, timeout_s)
             state = states[0]
-            if self._admission is not None:
-                state.estimate = self._admission.last_s
-            if tracing.tracer is not None:
-                context = tracing.current_context()
-                for row_state in states:
-                    row_state.trace = context
             timer = loop.call_later(timeout_s, self._expire_request, *states)
             outputs = await self._run_rows(states)
         except BaseException as exc:
@@ -296,6 +286,27 @@ class Router:
         return InferResponse(
             self.name, checks.shape_outputs(outputs, request.outputs, count), id=request.id
         )
+
+    def _row_states(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        rows: list[dict[str, Tensor]],
+        now: float,
+        timeout_s: float,
+    ) -> list[_Request]:
+        """One request per row, queued together (batchable) and answered together; the
+        first carries the admission estimate, all carry the trace context."""
+        states = [
+            _Request(DagRun(self._dag, row), loop.create_future(), now, now + timeout_s)
+            for row in rows
+        ]
+        if self._admission is not None:
+            states[0].estimate = self._admission.last_s
+        if tracing.tracer is not None:
+            context = tracing.current_context()
+            for state in states:
+                state.trace = context
+        return states
 
     async def _run_rows(self, states: list[_Request]) -> list[dict[str, Tensor]]:
         """Submit each row's request (in order, so rows can share batches) and wait for
