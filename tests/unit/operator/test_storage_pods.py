@@ -19,9 +19,10 @@ from sloline.operator.pods import (
     render_worker,
 )
 from sloline.operator.settings import OperatorSettings
+from sloline.spec.shaping import restricted_violations
 from sloline.spec.storage import cached_path
 from tests.unit.operator.helpers import DIGITS, pipeline_object
-from tests.unit.operator.test_pod_security import hardening_violations, psa_restricted_violations
+from tests.unit.operator.test_pod_security import hardening_violations
 
 SHA = "ab" * 32
 
@@ -61,7 +62,7 @@ def test_worker_and_profiling_pods_fetch_their_model_first(tmp_path: Path) -> No
             "volumeMounts"
         ]
         assert {"name": "model-cache", "emptyDir": {}} in pod["volumes"]
-        assert psa_restricted_violations(pod) == []
+        assert restricted_violations(pod) == []
         assert hardening_violations(pod) == []
 
 
@@ -90,7 +91,7 @@ def test_pvc_claims_are_mounted_into_the_initializer(tmp_path: Path) -> None:
     assert {"name": "model-source", "mountPath": MODEL_SOURCE_DIR, "readOnly": True} in init[
         "volumeMounts"
     ]
-    assert psa_restricted_violations(spec) == []
+    assert restricted_violations(spec) == []
 
 
 def test_fetch_models_reads_a_source_keeping_the_uris_place(tmp_path: Path) -> None:
