@@ -283,13 +283,16 @@ def _shape(
     *layers: tuple[str, PodTemplate | None],
 ) -> dict[str, Any]:
     """`template` with the settings' pods, the spec's podTemplate and `layers` merged over
-    it; raises `TemplateError` when the result breaks Pod Security `restricted` (unless
-    the pipeline allows it) or a template overrides what the operator relies on."""
+    it; raises `TemplateError` when the templates make the pod break Pod Security
+    `restricted` (unless the pipeline allows it) or override what the operator relies on.
+    What the operator itself renders from the chart's settings (a hostPath `models.root`
+    on a single-node cluster) is the administrator's choice and is not judged here."""
     spec = target.graph.pipeline.spec
     given = (("settings.pods", settings.pods), ("spec.podTemplate", spec.pod_template), *layers)
     present = [(where, layer) for where, layer in given if layer is not None]
+    rendered = set(restricted_violations(template["spec"]))
     template, found = apply_templates(template, present)
-    violations = restricted_violations(template["spec"])
+    violations = [v for v in restricted_violations(template["spec"]) if v not in rendered]
     if violations and not target.allow_unrestricted_pods:
         reason = (
             f"the {pod} pod would not pass Pod Security restricted: {'; '.join(violations)} "

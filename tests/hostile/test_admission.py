@@ -184,10 +184,12 @@ async def test_a_nan_flood_leaks_no_slot() -> None:
 
 
 class Broken:
-    """A ring (or anything with `add`) that fails."""
+    """A ring or a histogram (anything with `add` or `observe`) that fails."""
 
     def add(self, *_: object) -> None:
         raise RuntimeError("injected")
+
+    observe = add
 
 
 def _injections() -> Iterator[tuple[str, Callable[[Router, Workers, pytest.MonkeyPatch], None]]]:
@@ -227,7 +229,7 @@ def _injections() -> Iterator[tuple[str, Callable[[Router, Workers, pytest.Monke
     yield "queue.push", lambda r, _w, mp: mp.setattr(r.queues["s1"], "push", boom)
     yield "queue.push s2", lambda r, _w, mp: mp.setattr(r.queues["s2"], "push", boom)
     yield "metrics.answered", lambda r, _w, mp: mp.setattr(r.metrics, "answered", boom)
-    yield "metrics.batch", lambda r, _w, mp: mp.setattr(r.metrics, "batch", boom)
+    yield "metrics.batch_size", lambda r, _w, mp: mp.setitem(r.metrics.batch_size, "s1", Broken())
     yield "batch encoding", lambda _r, _w, mp: mp.setattr(wire, "batch_message", boom)
     yield "latency ring", lambda r, _w, mp: mp.setattr(r.stats, "latency", Broken())
     yield "errors ring", lambda r, _w, mp: mp.setattr(r.stats, "errors", Broken())
