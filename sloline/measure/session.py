@@ -9,7 +9,7 @@ caller can draw the estimated latency distribution of the plan.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +70,11 @@ def plan_pipeline(
     problem = PlanningProblem.from_graph(loaded.graph, profile, catalog, planning_trace(loaded))
     evaluator = Evaluator(problem)
     progress("planning ...")
-    return PlanningSession(profile, problem, evaluator, plan(problem, evaluator))
+    planned = plan(problem, evaluator)
+    if planned.routers != problem.routers:  # the estimates of the plan are at its routers
+        problem = replace(problem, routers=planned.routers)
+        evaluator = Evaluator(problem)
+    return PlanningSession(profile, problem, evaluator, planned)
 
 
 def plot_latency_cdf(session: PlanningSession, path: Path) -> None:

@@ -83,6 +83,13 @@ def describe(problem: PlanningProblem, evaluator: Evaluator, config: Config) -> 
             )
         )
     service_s, _ = topology.longest_path(occupancy)
+    router_mu = 0.0
+    if profile.overhead is not None:  # one router's CPU per request at these batches
+        per_request = profile.overhead.router_request_cpu_s + sum(
+            s.scale_factor * profile.overhead.router_visit_cpu_s(max(1.0, s.mean_batch))
+            for s in stages
+        )
+        router_mu = 1.0 / per_request if per_request > 0.0 else 0.0
     span = float(problem.arrivals_s[-1] - problem.arrivals_s[0])
     # Windows from the service time T_s doubling up to 60 s (§5), but no longer than the
     # trace: a window wider than the trace would under-state its rate.
@@ -101,4 +108,8 @@ def describe(problem: PlanningProblem, evaluator: Evaluator, config: Config) -> 
         rate_rps=rate,
         envelope=Envelope.of_trace(problem.arrivals_s, windows),
         headroom=headroom(problem, config),
+        routers=problem.routers,
+        router_cost_per_hour=round(problem.routers * problem.router_cost_per_hour, 9),
+        router_throughput_rps=router_mu,
+        router_utilisation=result.router_utilisation,
     )

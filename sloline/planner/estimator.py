@@ -29,12 +29,13 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from sloline.planner.config import StageConfig
+from sloline.planner.overhead import ServingOverhead
 from sloline.planner.profile import PipelineProfile
 from sloline.planner.sim.draws import ServiceMode, service_draws
 from sloline.planner.sim.stage import serve
@@ -141,12 +142,15 @@ class StageStats:
 @dataclass(frozen=True, slots=True, eq=False)
 class Estimate:
     """Per-query end-to-end latencies (arrival order), per-stage statistics and, when the
-    router is simulated, how long it was busy and the CPU it spent."""
+    routers are simulated, how long they were busy and the CPU they spent (summed over
+    the ``routers``) and their mean utilisation (busy time / (routers x simulated span))."""
 
     latencies_s: FloatArray
     stages: tuple[StageStats, ...]
     router_busy_s: float = 0.0
     router_cpu_s: float = 0.0
+    routers: int = 1
+    router_utilisation: float = 0.0
 
     def percentile_s(self, q: float) -> float:
         """Latency percentile with the inverted-CDF definition: the smallest latency that
@@ -282,16 +286,27 @@ def estimate(
     service: ServiceMode = "p50",
     seed: int = 0,
     cache: StageCache | None = None,
+    routers: int = 1,
 ) -> Estimate:
     """Simulate ``workload`` through the pipeline configured by ``config`` (one entry per
-    stage, topology order). Deterministic: same inputs and seed, same result, with or
-    without a ``cache`` (which only skips re-simulating stages whose inputs are unchanged)."""
+    stage, topology order) behind ``routers`` routers. Deterministic: same inputs and
+    seed, same result, with or without a ``cache`` (which only skips re-simulating
+    stages whose inputs are unchanged).
+
+    Several routers split the requests (each to a uniformly random one) and keep their
+    own queues, so they run through the routed simulation: with the profile's serving
+    overhead, else with routers that cost nothing and the profile's constant hop."""
     if len(config) != len(topology):
         raise ValueError(f"{len(config)} stage configs for {len(topology)} stages")
-    if profile.overhead is not None:
+    if routers < 1:
+        raise ValueError(f"routers must be >= 1, got {routers}")
+    if profile.overhead is not None or routers > 1:
         from sloline.planner.routed import estimate_routed
 
-        return estimate_routed(topology, profile, config, workload, service, seed)
+        if profile.overhead is None:
+            free = ServingOverhead(0.0, 0.0, 0.0, 0.0, (profile.hop_s,), (0.0,))
+            profile = replace(profile, overhead=free)
+        return estimate_routed(topology, profile, config, workload, service, seed, routers)
     arrivals = workload.arrivals_s
     done: list[FloatArray] = []
     runs: list[_StageRun] = []

@@ -57,6 +57,7 @@ class Evaluator:
             service=problem.service,
             seed=problem.seed,
             cache=self.stage_cache,
+            routers=problem.routers,
         )
 
     def evaluate(self, config: Config) -> Evaluation:

@@ -192,7 +192,7 @@ class ServingOverhead:
             return np.zeros((2, 1), dtype=np.float64)
         return self.router_idle.table()
 
-    def router_visit_cpu_s(self, batch: int = 1) -> float:
+    def router_visit_cpu_s(self, batch: float = 1) -> float:
         """Router CPU of one stage visit in a batch of ``batch``, per item."""
         return self.router_batch_cpu_s / batch + self.router_item_cpu_s
 

@@ -13,7 +13,11 @@ Tuner quantities, defined so that Algorithms 3 and 4 come out right:
   (all replicas). Algorithm 3's k_m = ceil(r_max·s_m / (μ_m·rho_m)) then equals
   ceil(replicas · r_max / λ): the planned replicas scaled by the rate increase;
 - ``envelope`` is the planning trace's traffic envelope: max rate per window size, windows
-  from the system service time T_s doubling up to 60 s (or the trace's span if shorter).
+  from the system service time T_s doubling up to 60 s (or the trace's span if shorter);
+- ``routers`` is how many routers split the requests (the Kubernetes router Deployment's
+  replicas), ``router_throughput_rps`` the requests per second one router's profiled CPU
+  serves at the plan's estimated batch sizes (0: the router is not modelled), so that the
+  routers' rho = λ / (routers · μ_router) scales them as Algorithm 3 scales a stage.
 """
 
 from __future__ import annotations
@@ -94,6 +98,26 @@ class Plan:
     headroom: float = 1.0
     """x*: the estimator says this configuration still meets the SLO on the planning
     trace played up to this many times faster (:func:`sloline.planner.describe.headroom`)."""
+    routers: int = 1
+    """How many routers split the requests (each keeps its own queue per stage)."""
+    router_cost_per_hour: float = 0.0
+    """All the routers' price (part of ``cost_per_hour``)."""
+    router_throughput_rps: float = 0.0
+    """μ_router: requests per second one router's CPU serves at the estimated batch sizes
+    (0: no router CPU profiled)."""
+    router_utilisation: float = 0.0
+    """Estimated busy fraction of each router on the planning trace (0: not simulated)."""
+
+    def __post_init__(self) -> None:
+        if self.routers < 1:
+            raise ValueError(f"a plan needs at least one router, got {self.routers}")
+
+    @property
+    def router_rho(self) -> float:
+        """rho of the routers, λ / (routers · μ_router), as a stage's rho_m (0: unknown)."""
+        if self.router_throughput_rps <= 0.0:
+            return 0.0
+        return self.rate_rps / (self.routers * self.router_throughput_rps)
 
     @property
     def config(self) -> Config:
@@ -123,6 +147,10 @@ class Plan:
                 "ratesRps": list(self.envelope.rates_rps),
             },
             "headroom": self.headroom,
+            "routers": self.routers,
+            "routerCostPerHour": self.router_cost_per_hour,
+            "routerThroughputRps": self.router_throughput_rps,
+            "routerUtilisation": self.router_utilisation,
         }
 
     @classmethod
@@ -144,6 +172,10 @@ class Plan:
                 tuple(float(r) for r in envelope["ratesRps"]),
             ),
             headroom=float(data.get("headroom", 1.0)),
+            routers=int(data.get("routers", 1)),
+            router_cost_per_hour=float(data.get("routerCostPerHour", 0.0)),
+            router_throughput_rps=float(data.get("routerThroughputRps", 0.0)),
+            router_utilisation=float(data.get("routerUtilisation", 0.0)),
         )
 
     def to_table(self) -> str:
@@ -165,7 +197,20 @@ class Plan:
             )
             for s in self.stages
         )
-        replicas = str(sum(s.replicas for s in self.stages))
+        rows.append(
+            (
+                "routers",
+                "",
+                "",
+                str(self.routers),
+                f"{self.router_cost_per_hour:.3f}",
+                f"{self.router_throughput_rps:.1f}" if self.router_throughput_rps else "",
+                f"{self.router_rho:.2f}" if self.router_throughput_rps else "",
+                "",
+                f"{self.router_utilisation:.2f}" if self.router_throughput_rps else "",
+            )
+        )
+        replicas = str(sum(s.replicas for s in self.stages) + self.routers)
         rows.append(("total", "", "", replicas, f"{self.cost_per_hour:.3f}", "", "", "", ""))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         lines = [

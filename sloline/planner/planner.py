@@ -21,7 +21,9 @@ is then weighed against the plans it blocks. ``search="greedy"`` is InferLine's 
 descent.
 
 :func:`plan` runs Algorithm 1 and the search and packages the result as a :class:`Plan`
-(:func:`sloline.planner.describe.describe`, with the plan's headroom).
+(:func:`sloline.planner.describe.describe`, with the plan's headroom). Where the profile
+measures the router's CPU it also picks the number of routers (:func:`router_counts`):
+the fewest with which a plan meets the SLO, and more while that makes the plan cheaper.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Literal
 
 import numpy as np
 
+from sloline.common.trace import mean_rate_rps
 from sloline.planner.config import Config, StageConfig
 from sloline.planner.describe import describe
 from sloline.planner.estimator import no_queue_latencies
@@ -51,6 +54,8 @@ __all__ = [
     "multi_start",
     "plan",
     "plan_sweep",
+    "router_counts",
+    "router_floor",
 ]
 
 ActionKind = Literal["increase-batch", "remove-replica", "downgrade-hardware"]
@@ -555,8 +560,81 @@ def plan(
     ``warm_start``, a configuration known to be feasible (the deployed plan when
     re-planning, or a plan for a tighter SLO), is descended from as well and the cheaper
     result kept, so re-planning never proposes something dearer than what already works.
-    Raises :class:`InfeasibleError` (with a reason) when no configuration meets the SLO."""
-    evaluator = evaluator or Evaluator(problem)
+    Raises :class:`InfeasibleError` (with a reason) when no configuration meets the SLO.
+
+    The number of routers: where the profile measures the router's CPU, each count of
+    :func:`router_counts` in turn, from the fewest, plans the stages; the first count
+    with a feasible plan is kept, and the next while its plan is cheaper (routers
+    included). Without a router model the problem's count is kept. ``evaluator``, if
+    given, is for the problem's own count."""
+    found: tuple[PlanningProblem, Evaluator, Config] | None = None
+    failure: InfeasibleError | None = None
+    for routers in router_counts(problem):
+        current = replace(problem, routers=routers)
+        own = evaluator if evaluator is not None and routers == problem.routers else None
+        judge = own or Evaluator(current)
+        try:
+            config = _plan_stages(current, judge, variant, search, warm_start)
+        except InfeasibleError as exc:
+            if found is not None:  # more routers than the cheapest so far: no better
+                break
+            if exc.reason == "ServiceTimeExceedsSLO":  # more routers cannot help
+                raise
+            failure = exc
+            continue
+        if found is not None and current.cost_per_hour(config) >= (
+            found[0].cost_per_hour(found[2]) - _EPS
+        ):
+            break
+        found = (current, judge, config)
+    if found is None:
+        assert failure is not None
+        counts = router_counts(problem)
+        if len(counts) > 1:
+            raise InfeasibleError(
+                failure.reason, f"{failure} (tried {counts[0]}-{counts[-1]} routers)"
+            )
+        raise failure
+    return describe(*found)
+
+
+def router_floor(problem: PlanningProblem) -> int:
+    """The fewest routers whose profiled CPU can carry the planning trace's mean rate at
+    all: per request its CPU, and per stage visit the CPU per item and per batch at the
+    stage's largest batch (a lower bound of what any plan costs the routers)."""
+    overhead = problem.profile.overhead
+    if overhead is None:
+        return 1
+    cpu = overhead.router_request_cpu_s
+    for name in problem.topology.stages:
+        cap = max(max(problem.batch_options(name, hw)) for hw in problem.usable_hardware(name))
+        cpu += problem.profile.scale_factors[name] * overhead.router_visit_cpu_s(cap)
+    return int(mean_rate_rps(problem.arrivals_s) * cpu) + 1
+
+
+def router_counts(problem: PlanningProblem) -> range:
+    """The router counts :func:`plan` tries, fewest first: from the problem's count, or
+    :func:`router_floor` if more, up to ``max_routers`` (where the routers share the
+    workers' cores, no more routers than cores: more would only share them). Without a
+    measured router (no serving overhead) the problem's count alone."""
+    if problem.profile.overhead is None:
+        return range(problem.routers, problem.routers + 1)
+    lo = max(problem.routers, router_floor(problem))
+    hi = problem.max_routers
+    cores = _shared_cores(problem)
+    if cores is not None:
+        hi = min(hi, max(lo, cores))
+    return range(min(lo, hi), hi + 1)
+
+
+def _plan_stages(
+    problem: PlanningProblem,
+    evaluator: Evaluator,
+    variant: Variant,
+    search: Search,
+    warm_start: Config | None,
+) -> Config:
+    """:func:`plan`'s stage search at the problem's router count."""
     results: list[Config] = []
     descend = multi_start if search == "multi-start" else minimize_cost
     try:
@@ -566,8 +644,7 @@ def plan(
             raise
     if warm_start is not None and evaluator.feasible(warm_start):
         results.append(minimize_cost(problem, evaluator, warm_start, variant))
-    best = min(results, key=lambda c: (problem.cost_per_hour(c), evaluator.evaluate(c).tail_s))
-    return describe(problem, evaluator, best)
+    return min(results, key=lambda c: (problem.cost_per_hour(c), evaluator.evaluate(c).tail_s))
 
 
 def plan_sweep(

@@ -27,9 +27,10 @@ if TYPE_CHECKING:
     from sloline.spec.hardware import HardwareCatalog
     from sloline.spec.validate import PipelineGraph
 
-__all__ = ["PlanningProblem", "StageOverride"]
+__all__ = ["PlanningProblem", "StageOverride", "router_price"]
 
 DEFAULT_MAX_REPLICAS = 256
+DEFAULT_MAX_ROUTERS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,11 @@ class PlanningProblem:
     ``slo_s`` / ``percentile``: the end-to-end latency objective (P99 by default).
     ``arrivals_s``: the sorted planning trace. ``service`` / ``seed``: estimator mode and
     seed. ``max_replicas``: per-stage replica bound where no override sets one.
+
+    ``routers``: how many routers the estimator puts in front of the stages (the planner
+    searches stage configurations at this count and picks the count itself: see
+    :func:`sloline.planner.planner.plan`); ``router_cost_per_hour``: one router's price;
+    ``max_routers``: the most routers the planner tries.
     """
 
     topology: Topology
@@ -75,6 +81,9 @@ class PlanningProblem:
     seed: int = 0
     max_replicas: int = DEFAULT_MAX_REPLICAS
     name: str = "pipeline"
+    routers: int = 1
+    router_cost_per_hour: float = 0.0
+    max_routers: int = DEFAULT_MAX_ROUTERS
 
     def __reduce__(self) -> tuple[type[PlanningProblem], tuple[object, ...]]:
         """Picklable (the re-planner plans in another process): plain dicts for the
@@ -93,6 +102,9 @@ class PlanningProblem:
                 self.seed,
                 self.max_replicas,
                 self.name,
+                self.routers,
+                self.router_cost_per_hour,
+                self.max_routers,
             ),
         )
 
@@ -109,6 +121,13 @@ class PlanningProblem:
             )
         if self.max_replicas < 1:
             raise ValueError(f"max_replicas must be >= 1, got {self.max_replicas}")
+        if not 1 <= self.routers <= self.max_routers:
+            raise ValueError(
+                f"routers must be in [1, max_routers={self.max_routers}], got {self.routers}"
+            )
+        cost = self.router_cost_per_hour
+        if not (math.isfinite(cost) and cost >= 0.0):
+            raise ValueError(f"a router's cost per hour must be >= 0, got {cost!r}")
         if not self.hardware_costs:
             raise ValueError("no hardware classes allowed; list at least one with its cost")
         for hw, cost in self.hardware_costs.items():
@@ -161,7 +180,9 @@ class PlanningProblem:
         max_replicas: int = DEFAULT_MAX_REPLICAS,
     ) -> PlanningProblem:
         """The problem a pipeline spec poses: its SLO, allowed hardware (``spec.hardware``,
-        empty = whole catalog) priced by the catalog, and the stages' pins."""
+        empty = whole catalog) priced by the catalog, and the stages' pins. A router is
+        priced as one core of the catalog's cheapest CPU class per core
+        (:func:`router_price`)."""
         spec = graph.pipeline.spec
         allowed = spec.hardware or catalog.names()
         overrides = {
@@ -182,6 +203,7 @@ class PlanningProblem:
             seed=seed,
             max_replicas=max_replicas,
             name=graph.name,
+            router_cost_per_hour=router_price(catalog),
         )
 
     def override(self, name: str) -> StageOverride:
@@ -234,6 +256,18 @@ class PlanningProblem:
         return self.stage_profile(name, hardware).latency_s(1, summary_stat(self.service))
 
     def cost_per_hour(self, config: Config) -> float:
-        """Σ replicas x hardware price, the objective of §4.3 (rounded to 1e-9 $/h so that
-        equal costs compare equal whatever the order of summation)."""
-        return round(sum(c.replicas * self.hardware_costs[c.hardware] for c in config), 9)
+        """Σ replicas x hardware price, the objective of §4.3, plus the routers' price
+        (rounded to 1e-9 $/h so that equal costs compare equal whatever the order of
+        summation)."""
+        stages = sum(c.replicas * self.hardware_costs[c.hardware] for c in config)
+        return round(stages + self.routers * self.router_cost_per_hour, 9)
+
+
+def router_price(catalog: HardwareCatalog) -> float:
+    """One router's price per hour: a router is one single-threaded event loop, so one
+    core of the catalog's CPU class that is cheapest per core (its price over its
+    embedded threads); 0 where the catalog has no CPU class."""
+    per_core = [
+        hw.cost_per_hour / hw.embedded.threads for hw in catalog.classes if hw.accelerator == "cpu"
+    ]
+    return min(per_core, default=0.0)

@@ -22,13 +22,15 @@ from sloline.planner.sim.pipeline import PipelineInputs, simulate_pipeline
 from sloline.planner.sim.rule import dependants
 from sloline.planner.topology import Topology
 
-__all__ = ["estimate_routed", "routed_inputs"]
+__all__ = ["estimate_routed", "routed_inputs", "router_of"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-# SeedSequence spawn key of stage m's hop draws, (m + 1, 1); the request paths' is (0, 1).
+# SeedSequence spawn key of stage m's hop draws, (m + 1, 1); the request paths' is (0, 1),
+# the routers the requests reach (0, 2).
 _HOP_STREAM = 1
+_ROUTER_STREAM = 2
 
 
 def _service_arrays(
@@ -67,6 +69,16 @@ def _requests(
     return overhead_draws(request_table, service, workload.size, seed, (0, _HOP_STREAM))
 
 
+def router_of(routers: int, size: int, seed: int) -> IntArray:
+    """The router each of ``size`` requests reaches: uniformly at random among
+    ``routers`` (a stream keyed by (seed, 0, 2)), as a kernel's ``SO_REUSEPORT`` or a
+    Service spreads many client connections; one router: all 0."""
+    if routers == 1:
+        return np.zeros(size, dtype=np.int64)
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0, _ROUTER_STREAM)))
+    return rng.integers(0, routers, size=size, dtype=np.int64)
+
+
 def routed_inputs(
     topology: Topology,
     profile: PipelineProfile,
@@ -74,8 +86,10 @@ def routed_inputs(
     workload: Workload,
     service: ServiceMode,
     seed: int,
+    routers: int = 1,
 ) -> PipelineInputs:
-    """The routed simulation's inputs for ``config`` (the profile must have an overhead)."""
+    """The routed simulation's inputs for ``config`` and ``routers`` routers (the profile
+    must have an overhead)."""
     overhead = profile.overhead
     if overhead is None:
         raise ValueError("the profile has no serving overhead to simulate")
@@ -125,6 +139,8 @@ def routed_inputs(
         client_cpu_s=workload.client_cpu_s,
         cores=float(overhead.cores or 0),
         worker_weight=overhead.worker_weight,
+        routers=routers,
+        router_of=router_of(routers, workload.size, seed),
     )
 
 
@@ -135,9 +151,13 @@ def estimate_routed(
     workload: Workload,
     service: ServiceMode,
     seed: int,
+    routers: int = 1,
 ) -> Estimate:
-    """The estimate of ``config`` for a profile with a serving overhead."""
-    run = simulate_pipeline(routed_inputs(topology, profile, config, workload, service, seed))
+    """The estimate of ``config`` with ``routers`` routers for a profile with a serving
+    overhead."""
+    run = simulate_pipeline(
+        routed_inputs(topology, profile, config, workload, service, seed, routers)
+    )
     arrivals = workload.arrivals_s
     span = max(float(np.max(run.answered_s)), float(arrivals[-1])) - float(arrivals[0])
     stats = tuple(
@@ -150,4 +170,11 @@ def estimate_routed(
         )
         for m, (name, cfg) in enumerate(zip(topology.stages, config, strict=True))
     )
-    return Estimate(run.answered_s - arrivals, stats, run.router_busy_s, run.router_cpu_s)
+    return Estimate(
+        run.answered_s - arrivals,
+        stats,
+        run.router_busy_s,
+        run.router_cpu_s,
+        routers,
+        run.router_busy_s / (routers * span) if span > 0.0 else 0.0,
+    )

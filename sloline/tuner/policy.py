@@ -47,6 +47,12 @@ Choices where §5 is silent or loose (also in docs/tuner.md):
 - Scale-down waits for a full λ look-back of evidence (6 windows of 5 s) and, by default,
   never goes below what Algorithm 3 currently demands (``down_respects_up_demand``):
   otherwise a burstier-than-planned workload makes Alg. 3 and Alg. 4 flap every 15 s.
+
+**Routers** (:class:`RouterState`, where the plan models the router's CPU and the backend
+can change the count) are scaled from the same load estimate as a stage that every query
+visits once (s = 1), with the plan's μ_router and the routers' own rho: up as Algorithm
+3, down as Algorithm 4 but with their own rho rather than the stages' rho_min; their
+decision (:func:`scale_routers`) comes beside the stages' in the same tick.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ __all__ = [
     "Decision",
     "Exceedance",
     "LoadEstimate",
+    "RouterState",
     "StageState",
     "TunerContext",
     "TunerOutcome",
@@ -78,6 +85,7 @@ __all__ = [
     "exceedances",
     "replicas_for_rate",
     "scale_down",
+    "scale_routers",
     "scale_up",
 ]
 
@@ -114,6 +122,32 @@ class StageState:
             raise ValueError(f"stage {self.name!r}: throughput mu_m must be > 0 rps")
         if not (math.isfinite(self.max_provisioning_ratio) and self.max_provisioning_ratio > 0):
             raise ValueError(f"stage {self.name!r}: max-provisioning ratio rho_m must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class RouterState:
+    """The routers as the tuner sees them: counts now, bounds, and from the plan the
+    requests per second one router's CPU serves (μ_router) and their rho."""
+
+    desired_routers: int
+    ready_routers: int
+    min_routers: int
+    max_routers: int
+    throughput_rps: float
+    max_provisioning_ratio: float
+
+    def __post_init__(self) -> None:
+        if self.desired_routers < 0 or self.ready_routers < 0:
+            raise ValueError("router counts must be >= 0")
+        if not 1 <= self.min_routers <= self.max_routers:
+            raise ValueError(
+                f"routers: need 1 <= min_routers <= max_routers, got min={self.min_routers} "
+                f"max={self.max_routers}"
+            )
+        if not (math.isfinite(self.throughput_rps) and self.throughput_rps > 0.0):
+            raise ValueError("routers: throughput mu_router must be > 0 rps")
+        if not (math.isfinite(self.max_provisioning_ratio) and self.max_provisioning_ratio > 0):
+            raise ValueError("routers: max-provisioning ratio must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +214,8 @@ class TunerContext:
     planning_rate_rps: float | None = None
     """λ, the planning trace's mean rate (the plan's ``rate_rps``, at which rho_m is
     defined); None: the planning envelope's largest-window rate stands in for it."""
+    routers: RouterState | None = None
+    """The routers, where the tuner scales them; None: their count stays."""
 
     def __post_init__(self) -> None:
         names = [stage.name for stage in self.stages]
@@ -214,12 +250,18 @@ class Decision:
         return self.to_replicas > self.from_replicas
 
 
+ROUTERS = "routers"
+"""The name a router decision carries in :attr:`Decision.stage`."""
+
+
 @dataclass(frozen=True, slots=True)
 class TunerOutcome:
-    """The decisions of one tick and the (possibly updated) last-change time."""
+    """The stage decisions of one tick, the router decision (if any) and the (possibly
+    updated) last-change time."""
 
     decisions: tuple[Decision, ...]
     last_change_s: float
+    routers: Decision | None = None
 
 
 def replicas_for_rate(
@@ -382,14 +424,57 @@ def scale_down(
     return tuple(decisions)
 
 
+def scale_routers(
+    ctx: TunerContext, settings: TunerSettings, load: LoadEstimate
+) -> Decision | None:
+    """The router count for ``load``, as a stage visited by every query: up to Algorithm
+    3's k = ceil(r / (μ_router · rho)) at once, down (after ``stabilization_s``) to
+    Algorithm 4's ceil(λ_new / (μ_router · rho)) with the routers' own rho, never below
+    the scale-up demand when ``down_respects_up_demand``; clamped to the bounds."""
+    routers = ctx.routers
+    if routers is None:
+        return None
+    current = routers.desired_routers
+    mu, rho = routers.throughput_rps, routers.max_provisioning_ratio
+    up = replicas_for_rate(load.up_rps, 1.0, mu, rho) if load.up_rps > 0.0 else 0
+    bounds = f"[{routers.min_routers}, {routers.max_routers}]"
+    target, why = current, ""
+    if settings.scale_up_enabled and up > current:
+        target, why = up, f"scale up (Alg. 3): {load.up_reason}; k=ceil({load.up_rps:.6g}/"
+        why += f"({mu:.6g}*{rho:g}))={up}"
+    elif (
+        settings.scale_down_enabled
+        and load.down_rps is not None
+        and ctx.now_s - ctx.last_change_s > settings.stabilization_s
+    ):
+        down = replicas_for_rate(load.down_rps, 1.0, mu, rho)
+        hold = settings.scale_up_enabled and settings.down_respects_up_demand
+        want = max(down, up) if hold else down
+        if want < current:
+            target = want
+            why = f"scale down (Alg. 4): {load.down_reason}; k=ceil({load.down_rps:.6g}/"
+            why += f"({mu:.6g}*{rho:g}))={down}"
+    clamped = min(max(target, routers.min_routers), routers.max_routers)
+    if clamped == current:
+        return None
+    if clamped != target:
+        why += f"{'; ' if why else ''}clamped to {bounds}"
+    reason = f"{why}; desired {current} (ready {routers.ready_routers}) -> {clamped}"
+    return Decision(ROUTERS, current, clamped, reason)
+
+
 def decide(
     ctx: TunerContext, settings: TunerSettings, load: LoadEstimate | None = None
 ) -> TunerOutcome:
-    """One tuning tick (§5): Algorithm 3, then Algorithm 4 if nothing scaled up.
+    """One tuning tick (§5): Algorithm 3, then Algorithm 4 if nothing scaled up; and the
+    routers (:func:`scale_routers`) where ``ctx.routers`` is given.
 
     ``load`` defaults to :func:`estimate_load` of ``ctx``. Returns the decisions (at most
-    one per stage) and the last-change time, which is ``ctx.now_s`` if anything changed.
+    one per stage, and one for the routers) and the last-change time, which is
+    ``ctx.now_s`` if anything changed.
     """
     load = load or estimate_load(ctx, settings)
     decisions = scale_up(ctx, settings, load) or scale_down(ctx, settings, load)
-    return TunerOutcome(decisions, ctx.now_s if decisions else ctx.last_change_s)
+    routers = scale_routers(ctx, settings, load)
+    changed = bool(decisions) or routers is not None
+    return TunerOutcome(decisions, ctx.now_s if changed else ctx.last_change_s, routers)

@@ -5,8 +5,10 @@ arrival rates and replica counts. A :class:`MetricSource` supplies the first two
 :class:`StreamingSource` from the router's in-process :class:`StreamingEnvelope`
 (embedded ``sloline run``, simulator), :class:`PrometheusSource` from the router's gauges
 (Kubernetes). An :class:`Actuator` (a backend: local processes, Deployments) reports and
-sets replica counts. :class:`Tuner` is the thin async loop that joins them: observe,
-build a :class:`TunerContext`, call :func:`decide`, apply, log each decision's reason.
+sets replica counts; a :class:`RouterActuator` (where the backend can change it: the
+router Deployment on Kubernetes) the router count. :class:`Tuner` is the thin async loop
+that joins them: observe, build a :class:`TunerContext`, call :func:`decide`, apply, log
+each decision's reason.
 
 Prometheus series read (exported by the router; every query selects the pipeline's
 ``namespace``, the scrape's target label on Kubernetes, as well as its ``pipeline``):
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sloline.common.envelope import Envelope, StreamingEnvelope
 from sloline.tuner.policy import (
     Decision,
+    RouterState,
     StageState,
     TunerContext,
     TunerOutcome,
@@ -55,10 +58,13 @@ __all__ = [
     "MetricSource",
     "PrometheusError",
     "PrometheusSource",
+    "RouterActuator",
+    "RouterTuning",
     "StageTuning",
     "StreamingSource",
     "Tuner",
     "pipeline_selector",
+    "router_tuning",
     "stage_tunings",
     "urllib_get_json",
 ]
@@ -99,6 +105,18 @@ class Actuator(Protocol):
 
     async def replicas(self, stage: str) -> tuple[int, int]:
         """``(desired, ready)`` replicas of ``stage``."""
+        ...
+
+
+class RouterActuator(Protocol):
+    """Reads and sets how many routers serve the pipeline (a backend that can change it)."""
+
+    async def scale_routers(self, routers: int) -> None:
+        """Set the desired router count."""
+        ...
+
+    async def routers(self) -> tuple[int, int]:
+        """``(desired, ready)`` routers."""
         ...
 
 
@@ -303,13 +321,42 @@ def stage_tunings(
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class RouterTuning:
+    """The routers' tuning parameters from the plan: bounds, μ_router and their rho."""
+
+    min_routers: int
+    max_routers: int
+    throughput_rps: float
+    max_provisioning_ratio: float
+
+
+def router_tuning(
+    plan: Plan, stages: Sequence[StageSpec], *, max_routers: int
+) -> RouterTuning | None:
+    """The routers' tuning parameters from the plan, or None where the plan does not
+    model the router's CPU (no μ_router). Bounds: 1 and ``max_routers`` (at least the
+    planned count). A plan at one router left them at their floor, and their rho is made
+    effective as a floor stage's (:func:`effective_rhos`, beside the stages')."""
+    if plan.router_throughput_rps <= 0.0:
+        return None
+    spec = {s.name: s for s in stages}
+    floors = [spec[s.name].min_replicas or 1 for s in plan.stages]
+    rhos = effective_rhos(
+        [*(s.rho for s in plan.stages), plan.router_rho],
+        [*(s.replicas <= f for s, f in zip(plan.stages, floors, strict=True)), plan.routers <= 1],
+    )
+    return RouterTuning(1, max(max_routers, plan.routers), plan.router_throughput_rps, rhos[-1])
+
+
 class Tuner:
     """The live loop: every ``settings.interval_s`` observe, :func:`decide`, apply (§5).
 
     All policy lives in :func:`decide`; this shell owns the only state (the last-change
     time), the clock and the I/O. The plan's deployment counts as the first change, so
-    nothing scales down in the first ``stabilization_s``. ``on_decision`` is called with
-    each applied decision (e.g. :meth:`TunerMetrics.recorder
+    nothing scales down in the first ``stabilization_s``. With ``routers`` and a
+    ``router_actuator`` it scales the routers too. ``on_decision`` is called with each
+    applied stage decision (e.g. :meth:`TunerMetrics.recorder
     <sloline.serving.metrics.TunerMetrics.recorder>`, the decisions counter).
     """
 
@@ -326,8 +373,12 @@ class Tuner:
         last_change_s: float | None = None,
         logger: logging.Logger = _LOG,
         on_decision: Callable[[Decision], None] | None = None,
+        routers: RouterTuning | None = None,
+        router_actuator: RouterActuator | None = None,
     ) -> None:
         self._stages = tuple(stages)
+        self._routers = routers
+        self._router_actuator = router_actuator
         self._planning = planning_envelope
         self._planning_rate_rps = planning_rate_rps
         self._source = source
@@ -344,10 +395,12 @@ class Tuner:
         stages: Sequence[StageTuning],
         planning_envelope: Envelope,
         planning_rate_rps: float | None,
+        routers: RouterTuning | None = None,
     ) -> None:
         """Tune a new plan from now on (a re-plan: :mod:`sloline.tuner.replan`); adopting
         it is a change, so nothing scales down in the next ``stabilization_s``."""
         self._stages = tuple(stages)
+        self._routers = routers
         self._planning = planning_envelope
         self._planning_rate_rps = planning_rate_rps
         self.last_change_s = self._clock()
@@ -379,6 +432,7 @@ class Tuner:
             recent_lambdas_rps=observation.recent_lambdas_rps,
             last_change_s=self.last_change_s,
             planning_rate_rps=self._planning_rate_rps,
+            routers=await self._router_state(),
         )
         outcome = decide(context, self._settings)
         for decision in outcome.decisions:
@@ -387,8 +441,26 @@ class Tuner:
             await self._actuator.scale(decision.stage, decision.to_replicas)
             if self._on_decision is not None:
                 self._on_decision(decision)
+        if outcome.routers is not None and self._router_actuator is not None:
+            self._log.info("tuner: routers: %s", outcome.routers.reason)
+            self.history.append((now_s, outcome.routers))
+            await self._router_actuator.scale_routers(outcome.routers.to_replicas)
         self.last_change_s = outcome.last_change_s
         return outcome
+
+    async def _router_state(self) -> RouterState | None:
+        tuning, actuator = self._routers, self._router_actuator
+        if tuning is None or actuator is None:
+            return None
+        desired, ready = await actuator.routers()
+        return RouterState(
+            desired,
+            ready,
+            tuning.min_routers,
+            tuning.max_routers,
+            tuning.throughput_rps,
+            tuning.max_provisioning_ratio,
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Tick on a fixed cadence until ``stop`` is set; a failed tick is logged, not fatal."""

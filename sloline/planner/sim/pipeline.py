@@ -5,20 +5,23 @@ meet through their items' ready times. Serving couples them in two more ways
 (:mod:`sloline.planner.overhead`), and this module simulates both, event by event, over
 the whole pipeline at once (InferLine §4.2's discrete-event simulation, extended):
 
-- **the router is one FIFO server.** Every request costs it CPU on arrival and on its
-  answer, every batch when it is dispatched and when its result comes back (half of the
-  per-batch and per-item cost each time). Jobs wait for the router in the order they
-  arrive, as callbacks wait for one event loop. A job that finds the router idle (not one
-  that a finished job queued: that one runs in its wake) also pays the router's idle
-  penalty for the time it sat idle.
+- **each router is one FIFO server.** Every request costs its router CPU on arrival and
+  on its answer, every batch when it is dispatched and when its result comes back (half
+  of the per-batch and per-item cost each time). Jobs wait for the router in the order
+  they arrive, as callbacks wait for one event loop. A job that finds the router idle
+  (not one that a finished job of that router queued: that one runs in its wake) also
+  pays the router's idle penalty for the time it sat idle. With several routers each
+  request goes to the router ``router_of`` names and stays with it: its items queue at
+  that router's own queue per stage, its batches cost that router's CPU.
 - **replicas follow the router's rules** (:mod:`sloline.planner.sim.rule`): a FIFO queue
-  per stage; an idle replica (the longest idle first) takes ``min(queue, max_batch)``
-  items the moment work is pushed or it frees; it is busy from that dispatch until the
-  router has taken back its result. In between: the dispatch job, half the hop, the
-  worker's CPU (model time of the batch from the profile, plus the idle penalty for the
-  time the worker sat idle, plus its per-batch CPU), the other half of the hop, the
-  result job.
-- **cores are shared by weighted processor sharing.** With ``cores`` set, the router (one
+  per stage (per router and stage); an idle replica (the longest idle first) takes
+  ``min(queue, max_batch)`` items the moment work is pushed or it frees, from the router
+  whose queue head was pushed first (every replica serves every router, one batch at a
+  time); it is busy from that dispatch until the router has taken back its result. In
+  between: the dispatch job, half the hop, the worker's CPU (model time of the batch from
+  the profile, plus the idle penalty for the time the worker sat idle, plus its per-batch
+  CPU), the other half of the hop, the result job.
+- **cores are shared by weighted processor sharing.** With ``cores`` set, each router (one
   core while it has work), every worker serving a batch (its profile's cores) and an
   optional co-located client (one core while it has work) share that many cores, as
   Linux's fair scheduler shares them with autogroups: the client is a session of its
@@ -81,8 +84,8 @@ _ARRIVAL, _TIMED, _ROUTER_DONE, _CLIENT_DONE, _HOP_OVER, _WORKER_DONE = range(6)
 @dataclass(frozen=True, slots=True, eq=False)
 class PipelineRun:
     """Per query: when its answer reaches the client. Per stage: items served, batches and
-    replica busy time (dispatch to result taken back); the router's busy time and the CPU
-    it spent."""
+    replica busy time (dispatch to result taken back); the routers' busy time and the CPU
+    they spent (summed over routers)."""
 
     answered_s: FloatArray
     visits: IntArray
@@ -101,6 +104,7 @@ def _replica_events(
     events tie go by stage, then by their batch's first query, so that items released at
     one instant reach the next stages in query order."""
     rep, queue, cores = st.rep, st.queue, inputs.replica_cores
+    n_stages = st.stg.shape[0]
     demand = 0.0
     t_hop, r_hop, k_hop = np.inf, -1, 0
     v_cpu, r_cpu, k_cpu = np.inf, -1, 0
@@ -112,14 +116,14 @@ def _replica_events(
             demand += cores[m]
             v = replica.vend
             if v <= v_cpu:
-                k = m * n + queue[m, replica.lo]
+                k = m * n + queue[replica.router * n_stages + m, replica.lo]
                 if v < v_cpu or k < k_cpu:
                     v_cpu, r_cpu, k_cpu = v, r, k
         elif p in (HOP_OUT, HOP_BACK):
             t = replica.t_end
             if t <= t_hop:
                 m = replica.stage
-                k = m * n + queue[m, replica.lo]
+                k = m * n + queue[replica.router * n_stages + m, replica.lo]
                 if t < t_hop or k < k_hop:
                     t_hop, r_hop, k_hop = t, r, k
     return demand, t_hop, r_hop, k_hop, v_cpu, r_cpu, k_cpu
@@ -127,11 +131,14 @@ def _replica_events(
 
 @inlined
 def _rates(inputs: PipelineInputs, st: State, demand: float) -> tuple[float, float, float]:
-    """Weighted processor sharing: how fast the router, the client and the workers
+    """Weighted processor sharing: how fast each busy router, the client and the workers
     progress. The client (another session) and the pipeline split the cores equally,
-    each taking what the other leaves; the pipeline's part goes to the router (weight 1)
-    and the worker threads (``worker_weight``), none above a full core."""
-    router = 1.0 if st.rq[0].size > 0 else 0.0
+    each taking what the other leaves; the pipeline's part goes to the routers (weight 1
+    each) and the worker threads (``worker_weight``), none above a full core."""
+    router = 0.0
+    for r in range(st.rq.shape[0]):
+        if st.rq[r].size > 0:
+            router += 1.0
     client = 1.0 if st.cq[0].size > 0 else 0.0
     cores = inputs.cores
     rate, crate, wrate = 1.0, 1.0, 1.0
@@ -157,8 +164,8 @@ def _next_event(
     rates: tuple[float, float, float],
     replica_events: tuple[float, float, int, int, float, int, int],
 ) -> tuple[float, int, int]:
-    """When the next event happens, what it is and (for a replica's) which replica; -1
-    when nothing is left. Each job keeps its end in its side's virtual time."""
+    """When the next event happens, what it is and (for a router's or a replica's) which
+    one; -1 when nothing is left. Each job keeps its end in its side's virtual time."""
     rate, crate, wrate = rates
     _, t_hop, r_hop, k_hop, v_cpu, r_cpu, k_cpu = replica_events
     s = st.sim[0]
@@ -166,11 +173,13 @@ def _next_event(
     heap = st.heap[0]
     if heap.size > 0 and st.events[0].t < best:
         best, what = st.events[0].t, _TIMED
-    rq, cq = st.rq[0], st.cq[0]
-    if rq.size > 0:
-        t = now + max(0.0, rq.vend - s.vnow) / rate
-        if t < best:
-            best, what = t, _ROUTER_DONE
+    for r in range(st.rq.shape[0]):
+        rq = st.rq[r]
+        if rq.size > 0:
+            t = now + max(0.0, rq.vend - s.vnow) / rate
+            if t < best:
+                best, what, who = t, _ROUTER_DONE, r
+    cq = st.cq[0]
     if cq.size > 0:
         t = now + max(0.0, cq.vend - s.cnow) / crate
         if t < best:
@@ -189,32 +198,34 @@ def _next_event(
 def _advance(st: State, now: float, best: float, rates: tuple[float, float, float]) -> float:
     """Move the clocks from ``now`` to ``best``; returns the new time."""
     s = st.sim[0]
-    s.in_wake = 0
+    for r in range(st.rt.shape[0]):
+        st.rt[r].in_wake = 0
     if best > now:
         s.vnow = s.vnow + (best - now) * rates[0]
         s.cnow = s.cnow + (best - now) * rates[1]
         s.wnow = s.wnow + (best - now) * rates[2]
-        if st.rq[0].size > 0:
-            s.busy += best - now
+        for r in range(st.rq.shape[0]):
+            if st.rq[r].size > 0:
+                s.busy += best - now
         return best
     return now
 
 
 @inlined
-def _arrive(st: State, q: int) -> None:
-    """Query q leaves the client, or (no client) reaches the router."""
+def _arrive(inputs: PipelineInputs, st: State, q: int) -> None:
+    """Query q leaves the client, or (no client) reaches its router."""
     if st.sim[0].client_cpu > 0.0:
         client_push(st, SEND, q)
     else:
-        request_in(st, q)
+        request_in(inputs, st, q)
 
 
 @inlined
-def _timed(st: State) -> None:
-    """A request reaches the router, or an answer the client."""
+def _timed(inputs: PipelineInputs, st: State) -> None:
+    """A request reaches its router, or an answer the client."""
     kind, q = heap_pop(st.events, st.heap)
     if kind == REACH_ROUTER:
-        request_in(st, q)
+        request_in(inputs, st, q)
     else:
         client_push(st, RECV, q)
 
@@ -237,6 +248,17 @@ def _prepared(inputs: PipelineInputs) -> PipelineInputs:
     fields["output"] = int(inputs.output)
     for k in ("worker_cpu_s", "client_cpu_s", "cores", "worker_weight"):
         fields[k] = float(getattr(inputs, k))
+    fields["routers"] = int(inputs.routers)
+    if fields["routers"] < 1:
+        raise ValueError(f"routers must be >= 1, got {inputs.routers}")
+    if inputs.router_of.size == 0:
+        fields["router_of"] = _frozen(np.zeros(inputs.arrivals_s.shape[0], dtype=np.int64))
+    elif inputs.router_of.shape != inputs.arrivals_s.shape or not (
+        inputs.router_of.min() >= 0 and inputs.router_of.max() < fields["routers"]
+    ):
+        raise ValueError(f"router_of must name one of the {fields['routers']} routers per query")
+    else:
+        fields["router_of"] = _frozen(inputs.router_of.astype(np.int64))
     return inputs._replace(**fields)
 
 
@@ -249,7 +271,7 @@ def _signature() -> Any:
             floats, np.ones((1, 1), dtype=np.bool_), np.zeros(2, dtype=np.int64), ints, ints,
             0, ints + 1, ints + 1, floats, np.zeros((1, 2, 1)), np.zeros((1, 1), np.int64),
             np.ones((1, 1)), np.zeros((1, 1)), np.zeros((1, 2, 1)), floats, np.zeros(3),
-            np.zeros((1, 2, 1)), 0.0, 0.0, 0.0,
+            np.zeros((1, 2, 1)), 0.0, 0.0, 0.0, 1.0, 1, ints,
         )
     )  # fmt: skip
     typeof = cast(Callable[[object], Any], numba.typeof)
@@ -278,10 +300,10 @@ def _run(
             break
         now = _advance(st, now, best, rates)
         if what == _ARRIVAL:
-            _arrive(st, enter_q[next_q])
+            _arrive(inputs, st, enter_q[next_q])
             next_q += 1
         elif what == _TIMED:
-            _timed(st)
+            _timed(inputs, st)
         elif what == _CLIENT_DONE:
             client_done(inputs, st, now, answered)
         elif what == _HOP_OVER:
@@ -289,8 +311,8 @@ def _run(
         elif what == _WORKER_DONE:
             worker_done(inputs, st, who, now)
         else:
-            router_done(inputs, st, now, answered)
-        charge_wake(st.sim, st.rjobs, st.rq, inputs.router_idle, now)
+            router_done(inputs, st, who, now, answered)
+        charge_wake(st, inputs.router_idle, now)
 
 
 def simulate_pipeline(inputs: PipelineInputs) -> PipelineRun:

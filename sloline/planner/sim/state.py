@@ -1,14 +1,18 @@
 """The routed pipeline simulation's state and what changes it: stage queues, replicas, the
-router and a co-located client (:mod:`sloline.planner.sim.pipeline` runs the event loop).
+routers and a co-located client (:mod:`sloline.planner.sim.pipeline` runs the event loop).
 
 The state (:class:`State`) is a tuple of arrays, most of them structured, which the
 compiled handlers change in place by field name:
 
-- ``sim`` (one record, :data:`SIM`): the virtual clocks, the router's state, the costs;
-- ``stg`` (a record per stage, :data:`STAGE`), with ``queue[m]`` its FIFO queue of
-  queries and ``idle`` per stage a ring of idle replicas (longest idle first);
+- ``sim`` (one record, :data:`SIM`): the virtual clocks, the costs;
+- ``rt`` (a record per router, :data:`ROUTER`): whether it is idle, woken, in a job's wake;
+- ``stg`` (a record per stage, :data:`STAGE`), with ``idle`` per stage a ring of idle
+  replicas (longest idle first);
+- ``sq`` (a record per router and stage, :data:`STAGE_QUEUE`, row ``r * M + m``): router
+  r's FIFO queue of queries at stage m, ``queue[r * M + m]``, with each entry's push
+  sequence number in ``qseq`` (the oldest head is the smallest);
 - ``rep`` (a record per replica, :data:`REPLICA`);
-- ``rjobs`` / ``rq``, ``cjobs`` / ``cq``: the router's and the client's FIFO jobs;
+- ``rjobs[r]`` / ``rq[r]``, ``cjobs`` / ``cq``: each router's and the client's FIFO jobs;
 - ``events`` / ``heap``: timed events (requests and answers travelling).
 """
 
@@ -40,29 +44,33 @@ IDLE, WAIT_DISPATCH, HOP_OUT, SERVING, HOP_BACK, WAIT_RESULT = 0, 1, 2, 3, 4, 5
 _I, _F = np.int64, np.float64
 SIM = np.dtype(
     [
-        # Virtual clocks (CPU seconds at full speed) of the router, the client, the workers.
+        # Virtual clocks (CPU seconds at full speed) of the routers (all busy ones run at
+        # one speed), the client, the workers.
         ("vnow", _F), ("cnow", _F), ("wnow", _F),
-        # The router: idle since, CPU spent, busy time; a job just found it idle (woken);
-        # a finished job is queueing the jobs it causes (they run in its wake).
-        ("idle_since", _F), ("cpu", _F), ("busy", _F), ("woken", _I), ("in_wake", _I),
+        # The routers' CPU spent and busy time (summed over routers); pushes so far.
+        ("cpu", _F), ("busy", _F), ("pushes", _I),
         # Router CPU per request, per batch, per item; worker CPU per batch; client CPU
         # per request (0: none).
         ("req_cpu", _F), ("batch_cpu", _F), ("item_cpu", _F), ("worker_cpu", _F),
         ("client_cpu", _F),
     ]
 )  # fmt: skip
+# A router: idle since; a job just found it idle (woken); a finished job of its own is
+# queueing the jobs it causes (they run in its wake).
+ROUTER = np.dtype([("idle_since", _F), ("woken", _I), ("in_wake", _I)])
 STAGE = np.dtype(
     [
-        ("q_head", _I), ("q_tail", _I), ("batches", _I), ("visited", _I), ("busy", _F),
-        ("idle_head", _I), ("idle_count", _I), ("first", _I), ("replicas", _I),
-        ("max_batch", _I),
+        ("batches", _I), ("visited", _I), ("busy", _F), ("idle_head", _I),
+        ("idle_count", _I), ("first", _I), ("replicas", _I), ("max_batch", _I),
     ]
 )  # fmt: skip
-# A replica's batch: queue position, size and index at its stage; the dispatch; the end of
-# its half hop; its worker's end (the workers' virtual time); its last model time's end.
+STAGE_QUEUE = np.dtype([("q_head", _I), ("q_tail", _I)])
+# A replica's batch: its router, queue position, size and index at its stage; the
+# dispatch; the end of its half hop; its worker's end (the workers' virtual time); its
+# last model time's end.
 REPLICA = np.dtype(
     [
-        ("stage", _I), ("phase", _I), ("lo", _I), ("size", _I), ("batch", _I),
+        ("stage", _I), ("phase", _I), ("router", _I), ("lo", _I), ("size", _I), ("batch", _I),
         ("t_dispatch", _F), ("t_end", _F), ("vend", _F), ("last_end", _F),
     ]
 )  # fmt: skip
@@ -84,7 +92,9 @@ class PipelineInputs(NamedTuple):
       idle penalty (``[1, 2, K]``); ``worker_cpu_s`` per batch;
     - ``client_cpu_s``: CPU per request of a co-located client (0: none);
     - ``cores``: cores shared by all of them (0: not shared); ``worker_weight``: a worker
-      thread's scheduling weight, the router's being 1.
+      thread's scheduling weight, a router's being 1;
+    - ``router_of[q]``: the router query q reaches (``routers`` of them, each with the
+      router costs above and its own queue per stage; empty: all reach router 0).
     """
 
     arrivals_s: FloatArray
@@ -108,6 +118,8 @@ class PipelineInputs(NamedTuple):
     client_cpu_s: float
     cores: float
     worker_weight: float = 1.0
+    routers: int = 1
+    router_of: IntArray = np.zeros(0, dtype=np.int64)
 
 
 class State(NamedTuple):
@@ -115,8 +127,11 @@ class State(NamedTuple):
     are :func:`~sloline.planner.sim.rule.release`'s."""
 
     sim: Records
+    rt: Records
     stg: Records
+    sq: Records
     queue: IntArray
+    qseq: IntArray
     idle: IntArray
     rep: Records
     rjobs: Records
@@ -133,9 +148,10 @@ class State(NamedTuple):
     def start(cls, inputs: PipelineInputs) -> State:
         """Every replica idle, no job queued, no query arrived."""
         n, n_stages = inputs.arrivals_s.shape[0], inputs.n_deps.shape[0]
-        n_rep = int(inputs.replicas.sum())
+        n_rep, n_rt = int(inputs.replicas.sum()), int(inputs.routers)
         sim = np.zeros(1, dtype=SIM)
-        sim["idle_since"] = -np.inf
+        rt = np.zeros(n_rt, dtype=ROUTER)
+        rt["idle_since"] = -np.inf
         sim["req_cpu"], sim["batch_cpu"], sim["item_cpu"] = inputs.router_cpu_s
         sim["worker_cpu"], sim["client_cpu"] = inputs.worker_cpu_s, inputs.client_cpu_s
         stg = np.zeros(n_stages, dtype=STAGE)
@@ -147,12 +163,16 @@ class State(NamedTuple):
         rep["last_end"] = -np.inf
         return cls(
             sim,
+            rt,
             stg,
-            np.empty((n_stages, n), dtype=np.int64),
+            np.zeros(n_rt * n_stages, dtype=STAGE_QUEUE),
+            np.empty((n_rt * n_stages, n), dtype=np.int64),
+            np.empty((n_rt * n_stages, n), dtype=np.int64),
             np.arange(n_rep, dtype=np.int64),
             rep,
-            np.zeros(n + n_rep + 1, dtype=JOB),  # a request or a replica: one job at most
-            np.zeros(1, dtype=QUEUE),
+            # a request or a replica: one job at most on each router
+            np.zeros((n_rt, n + n_rep + 1), dtype=JOB),
+            np.zeros(n_rt, dtype=QUEUE),
             np.zeros(n + 1, dtype=JOB),
             np.zeros(1, dtype=QUEUE),
             np.zeros(n + 1, dtype=EVENT),
@@ -164,31 +184,29 @@ class State(NamedTuple):
 
 
 @inlined
-def router_push(
-    sim: Records, rjobs: Records, rq: Records, kind: int, ref: int, cost: float
-) -> None:
-    """Queue a job on the router. A job that finds it idle, other than one a finished job
-    queued, wakes its event loop (:func:`charge_wake` adds the router's idle penalty)."""
-    s = sim[0]
-    if rq[0].size == 0 and s.in_wake == 0:
-        s.woken = 1
+def router_push(st: State, r: int, kind: int, ref: int, cost: float) -> None:
+    """Queue a job on router r. A job that finds it idle, other than one a finished job
+    of its own queued, wakes its event loop (:func:`charge_wake` adds its idle penalty)."""
+    s, router = st.sim[0], st.rt[r]
+    if st.rq[r].size == 0 and router.in_wake == 0:
+        router.woken = 1
     s.cpu += cost
-    fifo_push(rjobs, rq, s.vnow, kind, ref, cost)
+    fifo_push(st.rjobs[r], st.rq[r : r + 1], s.vnow, kind, ref, cost)
 
 
 @inlined
-def charge_wake(
-    sim: Records, rjobs: Records, rq: Records, router_idle: FloatArray, now: float
-) -> None:
-    """The job that woke the router pays for the time it sat idle."""
-    s = sim[0]
-    if s.woken:
-        s.woken = 0
-        extra = idle_penalty(router_idle, 0, now - s.idle_since)
-        q = rq[0]
-        rjobs[q.head].cost += extra
-        q.vend += extra
-        s.cpu += extra
+def charge_wake(st: State, router_idle: FloatArray, now: float) -> None:
+    """The job that woke a router pays for the time it sat idle."""
+    s = st.sim[0]
+    for r in range(st.rt.shape[0]):
+        router = st.rt[r]
+        if router.woken:
+            router.woken = 0
+            extra = idle_penalty(router_idle, 0, now - router.idle_since)
+            q = st.rq[r]
+            st.rjobs[r, q.head].cost += extra
+            q.vend += extra
+            s.cpu += extra
 
 
 @inlined
@@ -222,26 +240,47 @@ def make_idle(stg: Records, idle: IntArray, m: int, r: int) -> None:
 
 
 @inlined
+def _oldest(st: State, m: int) -> int:
+    """The router whose queue at stage m has the oldest head (-1: all empty)."""
+    n_stages = st.stg.shape[0]
+    best, oldest = -1, 0
+    for r in range(st.rt.shape[0]):
+        row = r * n_stages + m
+        sq = st.sq[row]
+        if sq.q_tail > sq.q_head:
+            seq = st.qseq[row, sq.q_head]
+            if best < 0 or seq < oldest:
+                best, oldest = r, seq
+    return best
+
+
+@inlined
 def dispatch(st: State, m: int, now: float) -> None:
     """While stage m has an idle replica and queued items: the longest-idle replica takes
-    ``min(queue, max_batch)`` of them and the router gets the dispatch job. The batch's
-    items are kept in query order, the order they go on to the next stages in when the
-    batch is done (the estimator's rule for items ready at the same instant)."""
+    ``min(queue, max_batch)`` items of the router whose queue head is oldest, and that
+    router gets the dispatch job. The batch's items are kept in query order, the order
+    they go on to the next stages in when the batch is done (the estimator's rule for
+    items ready at the same instant)."""
     sim, stg, rep = st.sim, st.stg, st.rep
     stage = stg[m]
-    while stage.idle_count > 0 and stage.q_tail > stage.q_head:
-        lo = stage.q_head
-        k = min(stage.q_tail - lo, stage.max_batch)
-        _sort_batch(st.queue, m, lo, k)
+    while stage.idle_count > 0:
+        router = _oldest(st, m)
+        if router < 0:
+            break
+        row = router * stg.shape[0] + m
+        sq = st.sq[row]
+        lo = sq.q_head
+        k = min(sq.q_tail - lo, stage.max_batch)
+        _sort_batch(st.queue, row, lo, k)
         r = _take_idle(stg, st.idle, m)
         replica = rep[r]
-        replica.lo, replica.size, replica.batch = lo, k, stage.batches
+        replica.router, replica.lo, replica.size, replica.batch = router, lo, k, stage.batches
         replica.phase = WAIT_DISPATCH
         replica.t_dispatch = now
         stage.batches += 1
-        stage.q_head += k
+        sq.q_head += k
         cost = 0.5 * (sim[0].batch_cpu + sim[0].item_cpu * k)
-        router_push(sim, st.rjobs, st.rq, DISPATCH, r, cost)
+        router_push(st, router, DISPATCH, r, cost)
 
 
 @inlined
@@ -261,16 +300,20 @@ def done_at(inputs: PipelineInputs, st: State, q: int, m: int, now: float) -> No
         st.stack,
         st.ready,
     )
-    stg = st.stg
+    stg, s = st.stg, st.sim[0]
+    router = inputs.router_of[q]
     for i in range(count):
         c = st.ready[i]
         if c < 0:
-            router_push(st.sim, st.rjobs, st.rq, REQ_OUT, q, 0.5 * st.sim[0].req_cpu)
+            router_push(st, router, REQ_OUT, q, 0.5 * s.req_cpu)
             continue
-        stage = stg[c]
-        st.queue[c, stage.q_tail] = q
-        stage.q_tail += 1
-        stage.visited += 1
+        row = router * stg.shape[0] + c
+        sq = st.sq[row]
+        st.queue[row, sq.q_tail] = q
+        st.qseq[row, sq.q_tail] = s.pushes
+        s.pushes += 1
+        sq.q_tail += 1
+        stg[c].visited += 1
         dispatch(st, c, now)
 
 
@@ -291,7 +334,7 @@ def hop_over(inputs: PipelineInputs, st: State, r: int, now: float) -> None:
     else:
         replica.phase = WAIT_RESULT
         cost = 0.5 * (s.batch_cpu + s.item_cpu * replica.size)
-        router_push(st.sim, st.rjobs, st.rq, RESULT, r, cost)
+        router_push(st, replica.router, RESULT, r, cost)
 
 
 @inlined
@@ -312,19 +355,21 @@ def _result_taken(inputs: PipelineInputs, st: State, r: int, now: float) -> None
     st.stg[m].busy += now - replica.t_dispatch
     replica.phase = IDLE
     make_idle(st.stg, st.idle, m, r)
-    first, count = replica.lo, replica.size
+    row, first, count = replica.router * st.stg.shape[0] + m, replica.lo, replica.size
     dispatch(st, m, now)
     for i in range(first, first + count):
-        done_at(inputs, st, st.queue[m, i], m, now)
+        done_at(inputs, st, st.queue[row, i], m, now)
 
 
 @inlined
-def router_done(inputs: PipelineInputs, st: State, now: float, answered: FloatArray) -> None:
+def router_done(
+    inputs: PipelineInputs, st: State, router: int, now: float, answered: FloatArray
+) -> None:
     """The router finished its head job; what that job queues on the router runs in its
     wake."""
     s = st.sim[0]
-    kind, ref = fifo_pop(st.rjobs, st.rq, s.vnow)
-    s.in_wake = 1
+    kind, ref = fifo_pop(st.rjobs[router], st.rq[router : router + 1], s.vnow)
+    st.rt[router].in_wake = 1
     if kind == DISPATCH:
         replica = st.rep[ref]
         replica.phase = HOP_OUT
@@ -339,14 +384,14 @@ def router_done(inputs: PipelineInputs, st: State, now: float, answered: FloatAr
         done_at(inputs, st, ref, -1, now)
     else:
         _result_taken(inputs, st, ref, now)
-    if st.rq[0].size == 0:
-        s.idle_since = now
+    if st.rq[router].size == 0:
+        st.rt[router].idle_since = now
 
 
 @inlined
-def request_in(st: State, q: int) -> None:
-    """Query q reaches the router."""
-    router_push(st.sim, st.rjobs, st.rq, REQ_IN, q, 0.5 * st.sim[0].req_cpu)
+def request_in(inputs: PipelineInputs, st: State, q: int) -> None:
+    """Query q reaches its router."""
+    router_push(st, inputs.router_of[q], REQ_IN, q, 0.5 * st.sim[0].req_cpu)
 
 
 @inlined

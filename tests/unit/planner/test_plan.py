@@ -46,10 +46,12 @@ def test_plan_table_shows_stages_and_totals(planned: Plan) -> None:
             str(stage.max_batch),
             str(stage.replicas),
         ]
-    total = lines[2 + len(planned.stages)].split()
+    routers = lines[2 + len(planned.stages)].split()
+    assert routers == ["routers", str(planned.routers), f"{planned.router_cost_per_hour:.3f}"]
+    total = lines[3 + len(planned.stages)].split()
     assert total == [
         "total",
-        str(sum(s.replicas for s in planned.stages)),
+        str(sum(s.replicas for s in planned.stages) + planned.routers),
         f"{planned.cost_per_hour:.3f}",
     ]
 
