@@ -571,6 +571,8 @@ def plan(
     failure: InfeasibleError | None = None
     for routers in router_counts(problem):
         current = replace(problem, routers=routers)
+        if found is not None and _cost_floor(current) >= found[0].cost_per_hour(found[2]) - _EPS:
+            break  # the stages at their cheapest with this many routers cost no less
         own = evaluator if evaluator is not None and routers == problem.routers else None
         judge = own or Evaluator(current)
         try:
@@ -596,6 +598,17 @@ def plan(
             )
         raise failure
     return describe(*found)
+
+
+def _cost_floor(problem: PlanningProblem) -> float:
+    """The least any configuration of ``problem`` costs: every stage at its fewest
+    replicas on its cheapest usable class, and the routers."""
+    stages = sum(
+        problem.replica_bounds(name)[0]
+        * min(problem.hardware_costs[hw] for hw in problem.usable_hardware(name))
+        for name in problem.topology.stages
+    )
+    return round(stages + problem.routers * problem.router_cost_per_hour, 9)
 
 
 def router_floor(problem: PlanningProblem) -> int:

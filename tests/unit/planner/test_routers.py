@@ -117,6 +117,22 @@ def test_batches_shrink_with_more_routers() -> None:
     assert tails[0] < tails[1] < tails[2]
 
 
+def test_without_a_serving_overhead_several_routers_cost_nothing_but_the_hop() -> None:
+    stage = StageProfile.from_latencies("hw", {1: 0.004, 8: 0.01})
+    bare = PipelineProfile({"a": {"hw": stage}}, hop_s=0.0005)
+    free = dataclasses.replace(
+        bare, overhead=ServingOverhead(0.0, 0.0, 0.0, 0.0, (0.0005,), (0.0,))
+    )
+    topology = Topology.chain(["a"])
+    workload = Workload.build(topology, bare, gamma_arrivals(400.0, 5.0, cv2=4.0, seed=4))
+    config = [StageConfig("hw", 8, 2)]
+    two = estimate(topology, bare, config, workload, routers=2)
+    np.testing.assert_array_equal(
+        two.latencies_s, estimate(topology, free, config, workload, routers=2).latencies_s
+    )
+    assert two.routers == 2 and two.router_utilisation == 0.0
+
+
 def _saturating(rate_rps: float = 1000.0) -> tuple[Topology, PipelineProfile, Workload]:
     """Router CPU 1.2 ms per request: one router can take ~830 rps."""
     overhead = dataclasses.replace(FREE, router_request_cpu_s=0.0012)
@@ -172,6 +188,19 @@ def test_the_estimator_decides_past_the_cpu_floor() -> None:
     problem = _problem(800.0, slo_s=0.01)
     assert router_floor(problem) == 1
     assert plan(problem).routers == 2
+
+
+def test_another_router_is_taken_while_it_makes_the_plan_cheaper() -> None:
+    """At 700 rps and an 8 ms SLO two routers are the fewest that meet it, with three
+    $1 replicas; a third router ($0.05) leaves the stage's queue enough of the budget
+    for two."""
+    problem = _problem(700.0, slo_s=0.008)
+    two = plan(dataclasses.replace(problem, routers=2, max_routers=2))
+    chosen = plan(problem)
+    assert (two.routers, two.stages[0].replicas) == (2, 3)
+    assert (chosen.routers, chosen.stages[0].replicas) == (3, 2)
+    assert chosen.cost_per_hour == pytest.approx(2.15)
+    assert chosen.cost_per_hour < two.cost_per_hour
 
 
 def test_without_a_router_model_the_router_count_is_kept() -> None:
