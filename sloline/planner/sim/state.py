@@ -149,6 +149,8 @@ class State(NamedTuple):
         """Every replica idle, no job queued, no query arrived."""
         n, n_stages = inputs.arrivals_s.shape[0], inputs.n_deps.shape[0]
         n_rep, n_rt = int(inputs.replicas.sum()), int(inputs.routers)
+        # the most requests one router gets: what its queues and jobs must hold
+        most = int(np.bincount(inputs.router_of, minlength=n_rt).max()) if n else 0
         sim = np.zeros(1, dtype=SIM)
         rt = np.zeros(n_rt, dtype=ROUTER)
         rt["idle_since"] = -np.inf
@@ -166,12 +168,13 @@ class State(NamedTuple):
             rt,
             stg,
             np.zeros(n_rt * n_stages, dtype=STAGE_QUEUE),
-            np.empty((n_rt * n_stages, n), dtype=np.int64),
-            np.empty((n_rt * n_stages, n), dtype=np.int64),
+            np.empty((n_rt * n_stages, most), dtype=np.int64),
+            # one router: its queue's head is the oldest, no sequence numbers needed
+            np.empty((n_rt * n_stages, most if n_rt > 1 else 0), dtype=np.int64),
             np.arange(n_rep, dtype=np.int64),
             rep,
-            # a request or a replica: one job at most on each router
-            np.zeros((n_rt, n + n_rep + 1), dtype=JOB),
+            # a request or a replica: one job at most on its router
+            np.zeros((n_rt, most + n_rep + 1), dtype=JOB),
             np.zeros(n_rt, dtype=QUEUE),
             np.zeros(n + 1, dtype=JOB),
             np.zeros(1, dtype=QUEUE),
@@ -243,6 +246,9 @@ def make_idle(stg: Records, idle: IntArray, m: int, r: int) -> None:
 def _oldest(st: State, m: int) -> int:
     """The router whose queue at stage m has the oldest head (-1: all empty)."""
     n_stages = st.stg.shape[0]
+    if st.rt.shape[0] == 1:
+        sq = st.sq[m]
+        return 0 if sq.q_tail > sq.q_head else -1
     best, oldest = -1, 0
     for r in range(st.rt.shape[0]):
         row = r * n_stages + m
@@ -310,8 +316,9 @@ def done_at(inputs: PipelineInputs, st: State, q: int, m: int, now: float) -> No
         row = router * stg.shape[0] + c
         sq = st.sq[row]
         st.queue[row, sq.q_tail] = q
-        st.qseq[row, sq.q_tail] = s.pushes
-        s.pushes += 1
+        if st.qseq.shape[1]:
+            st.qseq[row, sq.q_tail] = s.pushes
+            s.pushes += 1
         sq.q_tail += 1
         stg[c].visited += 1
         dispatch(st, c, now)
