@@ -397,8 +397,9 @@ class Tuner:
         planning_rate_rps: float | None,
         routers: RouterTuning | None = None,
     ) -> None:
-        """Tune a new plan from now on (a re-plan: :mod:`sloline.tuner.replan`); adopting
-        it is a change, so nothing scales down in the next ``stabilization_s``."""
+        """Tune a new plan from now on (a re-plan: :mod:`sloline.tuner.replan`), its
+        routers with ``routers`` (None: not tuned); adopting it is a change, so nothing
+        scales down in the next ``stabilization_s``."""
         self._stages = tuple(stages)
         self._routers = routers
         self._planning = planning_envelope

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import pickle
 
 import numpy as np
 import pytest
@@ -201,6 +202,15 @@ def test_another_router_is_taken_while_it_makes_the_plan_cheaper() -> None:
     assert (chosen.routers, chosen.stages[0].replicas) == (3, 2)
     assert chosen.cost_per_hour == pytest.approx(2.15)
     assert chosen.cost_per_hour < two.cost_per_hour
+
+
+def test_the_router_fields_of_a_problem_survive_pickling() -> None:
+    """The re-planner plans in another process."""
+    problem = dataclasses.replace(_problem(300.0), routers=2, max_routers=5)
+    again = pickle.loads(pickle.dumps(problem))  # noqa: S301 - our own bytes
+    assert (again.routers, again.router_cost_per_hour, again.max_routers) == (2, 0.05, 5)
+    with pytest.raises(ValueError, match="routers must be in"):
+        dataclasses.replace(problem, routers=6)
 
 
 def test_without_a_router_model_the_router_count_is_kept() -> None:
