@@ -28,8 +28,10 @@ VERSION = "v1alpha1"
 # pipeline input or starts with `<stage>.` of an existing stage. The rest needs the
 # admission webhook (sloline/operator/admission.py): that the stage has that output (a
 # join four lists deep), cycles (a graph walk), `when` conditions (parsed and
-# type-checked), planning traces (an unbounded list) and what the operator's settings
-# decide (hardware classes, pod templates, routes).
+# type-checked), planning traces (an unbounded list), `model.config` on onnx and
+# torchscript stages (a free-form object CEL cannot size: kube-apiserver refuses
+# `size()` on it) and what the operator's settings decide (hardware classes, pod
+# templates, routes).
 SPEC_RULES = [
     {
         "rule": "self.stages.exists(s, s.name == self.output)",
@@ -123,11 +125,6 @@ STAGE_RULES = [
         "rule": f"{_PYTHON} || !{_SET.format('entrypoint')}",
         "message": "model.entrypoint is only for python stages",
         "fieldPath": ".model.entrypoint",
-    },
-    {
-        "rule": f"{_PYTHON} || !has(self.model.config) || size(self.model.config) == 0",
-        "message": "model.config is only for python stages",
-        "fieldPath": ".model.config",
     },
 ]
 _DURATION_DEFAULT = WorkloadSpec.model_fields["duration_s"].default

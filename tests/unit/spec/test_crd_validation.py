@@ -174,10 +174,6 @@ def _onnx_with_entrypoint(doc: dict[str, Any]) -> None:
     doc["spec"]["stages"][1]["model"]["entrypoint"] = "stages:fast"
 
 
-def _onnx_with_config(doc: dict[str, Any]) -> None:
-    doc["spec"]["stages"][1]["model"]["config"] = {"threshold": 0.5}
-
-
 def _too_many_arrivals(doc: dict[str, Any]) -> None:
     doc["spec"]["workload"].update(rateRps=50_000, durationS=60)
 
@@ -199,7 +195,6 @@ BROKEN = [
     (_python_with_storage_uri, ".spec.stages[0]: python stages load from the model directory"),
     (_onnx_without_file, ".spec.stages[1]: onnx and torchscript stages need a model file"),
     (_onnx_with_entrypoint, ".spec.stages[1]: model.entrypoint is only for python stages"),
-    (_onnx_with_config, ".spec.stages[1]: model.config is only for python stages"),
     (_too_many_arrivals, ".spec.workload: rateRps x durationS must be at most 2,000,000"),
 ]
 
