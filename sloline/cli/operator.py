@@ -48,21 +48,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def cmd_operator(args: argparse.Namespace) -> int:
     import os
+    import sys
 
+    from sloline.cli import EXIT_FAILURE
+    from sloline.operator.admission import PublishError
     from sloline.operator.run import WebhookOptions, run_operator
     from sloline.operator.settings import load_settings
 
-    run_operator(
-        load_settings(args.config),  # else $SLOLINE_OPERATOR_CONFIG, else the defaults
-        kubeconfig=os.environ.get("KUBECONFIG") or None,
-        namespaces=[] if args.all_namespaces else args.namespace,
-        standalone=args.standalone,
-        metrics_port=args.metrics_port,
-        liveness_endpoint=args.liveness,
-        webhook=WebhookOptions(
-            args.webhook_port, tuple(args.webhook_dns or ["localhost"]), args.webhook_configuration
+    try:
+        run_operator(
+            load_settings(args.config),  # else $SLOLINE_OPERATOR_CONFIG, else the defaults
+            kubeconfig=os.environ.get("KUBECONFIG") or None,
+            namespaces=[] if args.all_namespaces else args.namespace,
+            standalone=args.standalone,
+            metrics_port=args.metrics_port,
+            liveness_endpoint=args.liveness,
+            webhook=WebhookOptions(
+                args.webhook_port,
+                tuple(args.webhook_dns or ["localhost"]),
+                args.webhook_configuration,
+            )
+            if args.webhook_port
+            else None,
         )
-        if args.webhook_port
-        else None,
-    )
+    except PublishError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     return 0

@@ -196,35 +196,46 @@ def server_context(certificate: WebhookCertificate) -> ssl.SSLContext:
     return context
 
 
+class PublishError(RuntimeError):
+    """The webhook's CA could not be written into its configuration."""
+
+
 def publish_ca_bundle(
     api: KubeApi, configuration: str, ca: bytes, *, wait_s: float = 60.0, poll_s: float = 2.0
 ) -> None:
     """Set `caBundle` of every webhook of the ValidatingWebhookConfiguration
-    `configuration` to `ca`, waiting up to `wait_s` for it to exist; raises `ApiError`."""
+    `configuration` to `ca`, waiting up to `wait_s` for it to exist; raises
+    `PublishError` saying why not."""
     import base64
 
     bundle = base64.b64encode(ca).decode()
     path = f"{WEBHOOK_CONFIGURATIONS}/{configuration}"
     deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            found = api.request("GET", path)
-            break
-        except ApiError as exc:
-            if not exc.not_found or time.monotonic() >= deadline:
-                raise
-            _LOG.info("waiting for ValidatingWebhookConfiguration %s", configuration)
-            time.sleep(poll_s)
-    version = found["metadata"]["resourceVersion"]
-    patch = [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": version},
-        *(
-            {"op": "replace" if "caBundle" in (hook.get("clientConfig") or {}) else "add",
-             "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
-            for i, hook in enumerate(found.get("webhooks") or [])
-        ),
-    ]  # fmt: skip
-    api.request("PATCH", path, body=patch, content_type="application/json-patch+json")
+    try:
+        while True:
+            try:
+                found = api.request("GET", path)
+                break
+            except ApiError as exc:
+                if not exc.not_found or time.monotonic() >= deadline:
+                    raise
+                _LOG.info("waiting for ValidatingWebhookConfiguration %s", configuration)
+                time.sleep(poll_s)
+        version = found["metadata"]["resourceVersion"]
+        patch = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+            *(
+                {"op": "replace" if "caBundle" in (hook.get("clientConfig") or {}) else "add",
+                 "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
+                for i, hook in enumerate(found.get("webhooks") or [])
+            ),
+        ]  # fmt: skip
+        api.request("PATCH", path, body=patch, content_type="application/json-patch+json")
+    except ApiError as exc:
+        raise PublishError(
+            f"cannot write the admission webhook's CA into ValidatingWebhookConfiguration "
+            f"{configuration!r}: {exc}"
+        ) from None
     _LOG.info("published the webhook's CA in ValidatingWebhookConfiguration %s", configuration)
 
 

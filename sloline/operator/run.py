@@ -43,12 +43,12 @@ def run_operator(
     api = KubeApi.connect(kubeconfig)
     context = OperatorContext(api, settings, metrics=metrics)
     server = None
-    if webhook is not None:
-        certificate = self_signed(webhook.names)
-        server = WebhookServer(settings, certificate, port=webhook.port).start()
-        if webhook.configuration:
-            publish_ca_bundle(api, webhook.configuration, certificate.ca)
     try:
+        if webhook is not None:
+            certificate = self_signed(webhook.names)
+            server = WebhookServer(settings, certificate, port=webhook.port).start()
+            if webhook.configuration:
+                publish_ca_bundle(api, webhook.configuration, certificate.ca)
         kopf.run(
             registry=build_registry(context),
             settings=kopf_settings(),

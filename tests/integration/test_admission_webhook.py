@@ -24,7 +24,12 @@ from typing import Any
 import pytest
 import yaml
 
-from sloline.operator.admission import WebhookServer, publish_ca_bundle, self_signed
+from sloline.operator.admission import (
+    PublishError,
+    WebhookServer,
+    publish_ca_bundle,
+    self_signed,
+)
 from sloline.operator.kube import KubeApi
 from sloline.operator.settings import OperatorSettings
 from tests.integration import test_pod_admission as control_plane
@@ -148,6 +153,11 @@ def test_the_crds_cel_rules_refuse_with_their_messages(
     # The API server's own validation, before any webhook: `Invalid value: ...: <message>`.
     assert "Invalid value: " in result.stderr, result.stderr
     assert message.partition(": ")[2] in result.stderr, result.stderr
+
+
+def test_a_missing_configuration_is_reported_by_name(cluster: str) -> None:
+    with pytest.raises(PublishError, match=r"ValidatingWebhookConfiguration 'absent': 404"):
+        publish_ca_bundle(KubeApi.connect(cluster), "absent", b"", wait_s=0)
 
 
 def test_the_operator_serves_the_webhook_with_the_ca_it_publishes(

@@ -206,11 +206,17 @@ def test_the_server_speaks_only_tls_with_its_own_certificate(
     webhook: tuple[int, ssl.SSLContext],
 ) -> None:
     port, _ = webhook
-    plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    plain.request("POST", PATH, b"{}")
+
+    def plain_http() -> None:
+        plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            plain.request("POST", PATH, b"{}")
+            plain.getresponse()
+        finally:
+            plain.close()
+
     with pytest.raises((http.client.HTTPException, ConnectionError)):
-        plain.getresponse()
-    plain.close()
+        plain_http()
     stranger = ssl.create_default_context(cadata=self_signed(["localhost"]).ca.decode())
     with pytest.raises(ssl.SSLCertVerificationError):
         post((port, stranger), b"{}")
