@@ -278,6 +278,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, code: int, body: Mapping[str, Any]) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
+        if code >= 400:  # the rest of the body may be unread: no second request on it
+            self.close_connection = True
+            self.send_header("Connection", "close")
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()

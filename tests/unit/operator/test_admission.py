@@ -7,6 +7,7 @@ import argparse
 import copy
 import http.client
 import json
+import socket
 import ssl
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from sloline.cli.planning import cmd_validate
-from sloline.operator.admission import PATH, WebhookServer, self_signed
+from sloline.operator.admission import MAX_BODY_BYTES, PATH, WebhookServer, self_signed
 from sloline.operator.settings import OperatorSettings
 from tests.unit.operator.helpers import DIGITS, pipeline_object
 
@@ -220,3 +221,17 @@ def test_the_server_speaks_only_tls_with_its_own_certificate(
     stranger = ssl.create_default_context(cadata=self_signed(["localhost"]).ca.decode())
     with pytest.raises(ssl.SSLCertVerificationError):
         post((port, stranger), b"{}")
+
+
+def test_a_silent_or_oversized_client_holds_up_no_one(webhook: tuple[int, ssl.SSLContext]) -> None:
+    port, context = webhook
+    with socket.create_connection(("127.0.0.1", port)):  # connects, never says hello
+        assert review(webhook, digits())["allowed"] is True
+        connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+        try:
+            connection.putrequest("POST", PATH)
+            connection.putheader("Content-Length", str(MAX_BODY_BYTES + 1))
+            connection.endheaders()
+            assert connection.getresponse().status == 413  # refused before reading it
+        finally:
+            connection.close()
