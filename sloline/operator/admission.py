@@ -94,7 +94,8 @@ def admission_issues(request: Mapping[str, Any], settings: OperatorSettings) -> 
 def _named(request: Mapping[str, Any], obj: Mapping[str, Any]) -> dict[str, Any]:
     """`obj` with the name and namespace the request gives it (a CREATE with
     `generateName` has no name yet; its namespace may come only from the request)."""
-    meta = dict(obj.get("metadata") or {})
+    given = obj.get("metadata")
+    meta = dict(given) if isinstance(given, Mapping) else {}
     meta["name"] = meta.get("name") or request.get("name") or meta.get("generateName") or ""
     meta["namespace"] = meta.get("namespace") or request.get("namespace") or "default"
     return {**obj, "metadata": meta}
@@ -247,9 +248,6 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:
-        if self.path.partition("?")[0] != PATH:
-            self._send(404, {"error": f"no such path; POST AdmissionReviews to {PATH}"})
-            return
         try:
             length = int(self.headers.get("Content-Length") or "")
         except ValueError:
@@ -258,8 +256,12 @@ class _Handler(BaseHTTPRequestHandler):
         if not 0 < length <= MAX_BODY_BYTES:
             self._send(413, {"error": f"a review takes 1 to {MAX_BODY_BYTES} bytes"})
             return
+        body = self.rfile.read(length)  # read before any answer: unread bytes reset the close
+        if self.path.partition("?")[0] != PATH:
+            self._send(404, {"error": f"no such path; POST AdmissionReviews to {PATH}"})
+            return
         try:
-            review = json.loads(self.rfile.read(length))
+            review = json.loads(body)
             if not isinstance(review, dict):
                 raise ValueError("not a JSON object")
             answer = review_response(review, self.server.settings)

@@ -54,7 +54,7 @@ def review(
         "kind": {"group": "sloline.dev", "version": "v1alpha1", "kind": "PredictionPipeline"},
         "resource": {"group": "sloline.dev", "version": "v1alpha1",
                      "resource": "predictionpipelines"},
-        "name": obj["metadata"]["name"],
+        "name": meta.get("name") if isinstance(meta := obj["metadata"], dict) else "",
         "namespace": "team-a",
         "operation": operation,
         "object": obj,
@@ -235,3 +235,12 @@ def test_a_silent_or_oversized_client_holds_up_no_one(webhook: tuple[int, ssl.SS
             assert connection.getresponse().status == 413  # refused before reading it
         finally:
             connection.close()
+
+
+def test_a_malformed_object_is_refused_not_crashed_on(webhook: tuple[int, ssl.SSLContext]) -> None:
+    obj = digits()
+    obj["metadata"] = ["not", "a", "mapping"]
+    obj["spec"]["stages"] = "none"
+    response = review(webhook, obj)
+    assert response["allowed"] is False
+    assert "spec.stages: " in response["status"]["message"], response
