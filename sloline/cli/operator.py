@@ -18,6 +18,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--metrics-port", type=port, default=8080, help="/metrics port; 0 = off")
     p.add_argument("--liveness", help="kopf's health endpoint, e.g. http://0.0.0.0:8081/healthz")
+    p.add_argument(
+        "--webhook-port",
+        type=port,
+        default=0,
+        help="serve the admission webhook (HTTPS) on this port; 0 = off (default)",
+    )
+    p.add_argument(
+        "--webhook-dns",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a DNS name (or IP) of the webhook's certificate, e.g. the Service's "
+        "<svc>.<ns>.svc (repeat; default: localhost)",
+    )
+    p.add_argument(
+        "--webhook-configuration",
+        default="",
+        metavar="NAME",
+        help="the ValidatingWebhookConfiguration whose caBundle gets the certificate's CA",
+    )
     p.add_argument("--standalone", action="store_true", help="no peering with other operators")
     # Also accepted after the command; SUPPRESS keeps `sloline -v operator` working.
     p.add_argument(
@@ -28,16 +48,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def cmd_operator(args: argparse.Namespace) -> int:
     import os
+    import sys
 
-    from sloline.operator.run import run_operator
+    from sloline.cli import EXIT_FAILURE
+    from sloline.operator.admission import PublishError
+    from sloline.operator.run import WebhookOptions, run_operator
     from sloline.operator.settings import load_settings
 
-    run_operator(
-        load_settings(args.config),  # else $SLOLINE_OPERATOR_CONFIG, else the defaults
-        kubeconfig=os.environ.get("KUBECONFIG") or None,
-        namespaces=[] if args.all_namespaces else args.namespace,
-        standalone=args.standalone,
-        metrics_port=args.metrics_port,
-        liveness_endpoint=args.liveness,
-    )
+    try:
+        run_operator(
+            load_settings(args.config),  # else $SLOLINE_OPERATOR_CONFIG, else the defaults
+            kubeconfig=os.environ.get("KUBECONFIG") or None,
+            namespaces=[] if args.all_namespaces else args.namespace,
+            standalone=args.standalone,
+            metrics_port=args.metrics_port,
+            liveness_endpoint=args.liveness,
+            webhook=WebhookOptions(
+                args.webhook_port,
+                tuple(args.webhook_dns or ["localhost"]),
+                args.webhook_configuration,
+            )
+            if args.webhook_port
+            else None,
+        )
+    except PublishError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     return 0

@@ -19,6 +19,7 @@ stage's key, so at least one such message always exists.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +33,11 @@ from sloline.operator.settings import OperatorSettings
 from sloline.planner.plan import Plan
 from sloline.planner.profile import PipelineProfile
 from sloline.planner.profile_message import ProfileMessage, assemble_profile, decode_message
-from sloline.spec import Issue, PipelineGraph
+from sloline.spec import Issue, PipelineError, PipelineGraph
 from sloline.spec.models import STAGE_KUBERNETES_ONLY
 
 RESERVED_STAGE_NAMES = frozenset({"router", "config", "profiles"})
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,32 @@ class CacheEntry:
     def from_text(cls, text: str) -> CacheEntry:
         doc = json.loads(text)
         return cls.of(str(doc["message"]), str(doc["dataflow"]))
+
+
+def object_issues(
+    obj: Mapping[str, Any], settings: OperatorSettings
+) -> tuple[Target | None, list[Issue]]:
+    """Every problem of a PredictionPipeline object on this cluster, and its `Target` when
+    the spec parses: `sloline validate`'s spec checks (pydantic, the DAG) then
+    `operator_issues`. The one check behind both the `Valid` condition and the admission
+    webhook, so both say the same thing."""
+    try:
+        target = Target.of(obj)
+        return target, operator_issues(target, settings)
+    except PipelineError as exc:
+        return None, list(exc.issues)
+    except Exception as exc:  # a bug must not pass an object off as valid
+        meta = obj.get("metadata") or {}
+        _LOG.error(
+            "%s/%s: validating the spec failed", meta.get("namespace"), meta.get("name"),
+            exc_info=True,
+        )  # fmt: skip
+        return None, [Issue("spec", f"validation failed: {type(exc).__name__}: {cut(str(exc))}")]
+
+
+def cut(text: str, limit: int = 500) -> str:
+    """An exception's text for a message (it may quote hostile input at length)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
 
 
 def operator_issues(target: Target, settings: OperatorSettings) -> list[Issue]:

@@ -54,8 +54,9 @@ from sloline.operator.planning import (
     ProfileTask,
     assemble,
     catalog_file,
+    cut,
     dataflow_digest,
-    operator_issues,
+    object_issues,
     plan_from_profile,
     plan_inputs,
     profile_tasks,
@@ -75,7 +76,6 @@ from sloline.operator.status import (
 )
 from sloline.planner.plan import Plan
 from sloline.serving.auth import generate_token
-from sloline.spec import Issue, PipelineError
 
 _LOG = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], event: EventFn) -> 
         # A bug or a spec the checks above did not foresee: logged once with its
         # traceback, reported on the object, and not retried until the object changes.
         _LOG.error("%s/%s: reconcile failed", namespace, name, exc_info=True)
-        message = f"reconcile failed: {type(exc).__name__}: {_cut(str(exc))}"
+        message = f"reconcile failed: {type(exc).__name__}: {cut(str(exc))}"
         changes.set("Ready", "False", INTERNAL_ERROR, message)
         event("Warning", INTERNAL_ERROR, message)
         with contextlib.suppress(Exception):
@@ -206,27 +206,11 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], event: EventFn) -> 
     return report
 
 
-def _cut(text: str, limit: int = 500) -> str:
-    """An exception's text for a status message (it may quote hostile input at length)."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
-
-
 def _validate(
     ctx: OperatorContext, body: Mapping[str, Any], changes: StatusChanges, event: EventFn
 ) -> Target:
-    try:
-        target = Target.of(body)
-        issues = operator_issues(target, ctx.settings)
-    except PipelineError as exc:
-        issues = list(exc.issues)
-    except Exception as exc:
-        meta = body.get("metadata") or {}
-        _LOG.error(
-            "%s/%s: validating the spec failed", meta.get("namespace"), meta.get("name"),
-            exc_info=True,
-        )  # fmt: skip
-        issues = [Issue("spec", f"validation failed: {type(exc).__name__}: {_cut(str(exc))}")]
-    if issues:
+    target, issues = object_issues(body, ctx.settings)
+    if issues or target is None:
         message = "; ".join(str(issue) for issue in issues)
         changes.set("Valid", "False", "InvalidSpec", message)
         event("Warning", "InvalidSpec", message)

@@ -12,20 +12,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from sloline.spec.models import PipelineSpec
+from sloline.common.trace import MAX_PLANNING_ARRIVALS
+from sloline.spec.models import PipelineSpec, WorkloadSpec
 
 GROUP = "sloline.dev"
 PLURAL = "predictionpipelines"
 VERSION = "v1alpha1"
 
-# CEL rules for what the schema cannot say. Each must fit the API server's cost budget
-# (estimated from maxItems and maxLength when the CRD is created). The costliest, the
-# `from` rule, grows with stages x inputs per stage x (pipeline inputs + stages): at 64 x
-# 32 x (64 + 64) kube-apiserver v1.37.2 refused it (1.34x its budget), so a stage takes at
-# most 16 inputs (0.67x; tests/unit/spec/test_crd.py keeps that margin). It checks that a
-# `from` names a pipeline input or starts with `<stage>.` of an existing stage; that the
-# stage has that output, cycles and conditions are checked by `sloline validate` and the
-# operator (`Valid`).
+# CEL rules for what the schema cannot say: every check of `sloline validate` that CEL
+# can make within the API server's cost budget (estimated from maxItems and maxLength
+# when the CRD is created). The costliest, the `from` rule, grows with stages x inputs per
+# stage x (pipeline inputs + stages): at 64 x 32 x (64 + 64) kube-apiserver v1.37.2
+# refused it (1.34x its budget), so a stage takes at most 16 inputs (0.67x;
+# tests/unit/spec/test_crd.py keeps that margin). It checks that a `from` names a
+# pipeline input or starts with `<stage>.` of an existing stage. The rest needs the
+# admission webhook (sloline/operator/admission.py): that the stage has that output (a
+# join four lists deep), cycles (a graph walk), `when` conditions (parsed and
+# type-checked), planning traces (an unbounded list), `model.config` on onnx and
+# torchscript stages (a free-form object CEL cannot size: kube-apiserver refuses
+# `size()` on it) and what the operator's settings decide (hardware classes, pod
+# templates, routes).
 SPEC_RULES = [
     {
         "rule": "self.stages.exists(s, s.name == self.output)",
@@ -43,6 +49,11 @@ SPEC_RULES = [
         "fieldPath": ".inputs",
     },
     {
+        "rule": "self.stages.all(s, !self.inputs.exists(i, i.name == s.name))",
+        "message": "a stage must not share its name with a pipeline input",
+        "fieldPath": ".stages",
+    },
+    {
         "rule": "self.stages.all(s, s.inputs.all(i, "
         "self.inputs.exists(p, p.name == i.from) || "
         "self.stages.exists(t, i.from.startsWith(t.name + '.'))))",
@@ -55,6 +66,8 @@ SPEC_RULES = [
 # checks again with symlinks and entrypoints; the API server sees no files).
 _INSIDE = "!{0}.startsWith('/') && !{0}.matches('(^|/)[.][.](/|$)')"
 _INSIDE_MESSAGE = "must be a path relative to the model directory, without '..'"
+_PYTHON = "self.model.runtime == 'python'"
+_SET = "(has(self.model.{0}) && self.model.{0} != '')"
 STAGE_RULES = [
     {
         "rule": "!has(self.model.uri) || (" + _INSIDE.format("self.model.uri") + ")",
@@ -67,11 +80,65 @@ STAGE_RULES = [
         "message": "minReplicas must not exceed maxReplicas",
         "fieldPath": ".minReplicas",
     },
+    {
+        "rule": "self.inputs.all(i, self.inputs.exists_one(j, j.name == i.name))",
+        "message": "a stage's input names must be unique",
+        "fieldPath": ".inputs",
+    },
+    {
+        "rule": "self.outputs.all(o, self.outputs.exists_one(p, p.name == o.name))",
+        "message": "a stage's output names must be unique",
+        "fieldPath": ".outputs",
+    },
+    {
+        "rule": "self.inputs.all(i, !i.from.startsWith(self.name + '.'))",
+        "message": "a stage cannot read its own output",
+        "fieldPath": ".inputs",
+    },
+    {
+        "rule": f"{_PYTHON} || self.inputs.all(i, !has(i.optional) || !i.optional)",
+        "message": "optional inputs are only for python stages",
+        "fieldPath": ".inputs",
+    },
+    {
+        "rule": f"!({_PYTHON}) || {_SET.format('entrypoint')}",
+        "message": "python stages need model.entrypoint (module:attr)",
+        "fieldPath": ".model.entrypoint",
+    },
+    {
+        "rule": f"!({_PYTHON}) || !{_SET.format('uri')}",
+        "message": "python stages take model.entrypoint, not model.uri",
+        "fieldPath": ".model.uri",
+    },
+    {
+        "rule": f"!({_PYTHON}) || !{_SET.format('storageUri')}",
+        "message": "python stages load from the model directory; model.storageUri is for "
+        "onnx and torchscript stages",
+        "fieldPath": ".model.storageUri",
+    },
+    {
+        "rule": f"{_PYTHON} || {_SET.format('uri')} || {_SET.format('storageUri')}",
+        "message": "onnx and torchscript stages need a model file (model.uri or model.storageUri)",
+        "fieldPath": ".model.uri",
+    },
+    {
+        "rule": f"{_PYTHON} || !{_SET.format('entrypoint')}",
+        "message": "model.entrypoint is only for python stages",
+        "fieldPath": ".model.entrypoint",
+    },
 ]
+_DURATION_DEFAULT = WorkloadSpec.model_fields["duration_s"].default
 WORKLOAD_RULES = [
     {
         "rule": "[has(self.rateRps), has(self.trace), has(self.traceUri)].filter(x, x).size() == 1",
         "message": "give exactly one of rateRps, trace or traceUri",
+    },
+    {
+        "rule": "!has(self.rateRps) || double(self.rateRps) * "
+        f"(has(self.durationS) ? double(self.durationS) : {_DURATION_DEFAULT!r}) "
+        f"<= {float(MAX_PLANNING_ARRIVALS)!r}",
+        "message": f"rateRps x durationS must be at most {MAX_PLANNING_ARRIVALS:,} arrivals "
+        "(the planner's limit per planning trace; lower durationS)",
     },
     {
         "rule": "!has(self.traceUri) || (" + _INSIDE.format("self.traceUri") + ")",

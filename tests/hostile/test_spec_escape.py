@@ -383,7 +383,7 @@ def test_an_unexpected_error_in_validation_is_an_invalid_spec(
     def broken(*_: object) -> None:
         raise MemoryError
 
-    monkeypatch.setattr("sloline.operator.reconcile.operator_issues", broken)
+    monkeypatch.setattr("sloline.operator.planning.operator_issues", broken)
     error, conditions, _ = reconcile_once(kube, ctx, pipeline_object())
     assert error.reason == "InvalidSpec"
     assert "validation failed: MemoryError" in conditions["Valid"]["message"]

@@ -44,6 +44,9 @@ CRD_FILE = "predictionpipelines.sloline.dev.yaml"
 KUBERNETES_VERSION = "1.37"
 # Custom resources kubernetes-validate has no schema for; checked separately below.
 MONITORING_KINDS = {"ServiceMonitor", "PrometheusRule"}
+# What `admission.webhook.enabled` adds (docs/kubernetes.md "Admission").
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration"}
+ADMISSION_KINDS = ["Service", "ValidatingWebhookConfiguration", "ClusterRole", "ClusterRoleBinding"]
 
 needs_helm = pytest.mark.skipif(
     not HELM.is_file(),
@@ -84,8 +87,19 @@ def custom_objects(helm_env: dict[str, str]) -> list[dict[str, Any]]:
     return template(helm_env, "-f", str(CUSTOM_VALUES))
 
 
-def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    matches = [o for o in objects if o["kind"] == kind]
+def only(objects: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    matches = [
+        o for o in objects if o["kind"] == kind and o["metadata"]["name"].endswith(name_suffix)
+    ]
+    assert len(matches) == 1, f"expected one {kind} *{name_suffix}, got {len(matches)}"
+    return matches[0]
+
+
+def operator_role(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """The operator's own ClusterRole(Binding), not the admission webhook's."""
+    matches = [
+        o for o in objects if o["kind"] == kind and not o["metadata"]["name"].endswith("-webhook")
+    ]
     assert len(matches) == 1, f"expected one {kind}, got {len(matches)}"
     return matches[0]
 
@@ -129,6 +143,8 @@ def test_default_install_is_cluster_wide_and_locked_down(
             "ClusterRoleBinding",
             "Service",
             "Deployment",
+            *ADMISSION_KINDS,
+            "NetworkPolicy",
         ]
     )
     deployment = only(default_objects, "Deployment")
@@ -150,6 +166,12 @@ def test_default_install_is_cluster_wide_and_locked_down(
         "http://0.0.0.0:8081/healthz",
         "--metrics-port",
         "8080",
+        "--webhook-port",
+        "9443",
+        "--webhook-dns",
+        "sloline-operator-webhook.sloline-system.svc",
+        "--webhook-configuration",
+        "sloline-sloline-system",
     ]
     assert container["securityContext"] == {
         "allowPrivilegeEscalation": False,
@@ -157,13 +179,13 @@ def test_default_install_is_cluster_wide_and_locked_down(
         "capabilities": {"drop": ["ALL"]},
     }
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"metrics": 8080, "health": 8081}
+    assert ports == {"metrics": 8080, "health": 8081, "webhook": 9443}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert mounts == {"/etc/sloline-operator": "config", "/tmp": "tmp"}
-    service = only(default_objects, "Service")
-    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    for service in (o for o in default_objects if o["kind"] == "Service"):
+        assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
 
 @needs_helm
@@ -179,10 +201,14 @@ def test_the_operator_cli_accepts_the_rendered_command(
     assert args.standalone is True
     assert args.liveness == "http://0.0.0.0:8081/healthz"
     assert args.metrics_port == 8080
+    assert args.webhook_dns == ["sloline-operator-webhook.sloline-system.svc"]
+    assert args.webhook_configuration == "sloline-sloline-system"
     if values == "default":
+        assert args.webhook_port == 9443
         assert (args.all_namespaces, args.namespace, args.verbose) == (True, [], False)
         assert unknown == []
     else:
+        assert args.webhook_port == 10443
         assert (args.all_namespaces, args.namespace) == (False, ["ml-prod", "ml-staging"])
         assert args.verbose is True
         assert unknown == ["--log-format=json"]  # operator.extraArgs, passed through
@@ -276,7 +302,7 @@ def rules_by_resource(role: dict[str, Any]) -> dict[str, set[str]]:
 def test_cluster_role_grants_only_what_the_operator_uses(
     default_objects: list[dict[str, Any]],
 ) -> None:
-    rules = rules_by_resource(only(default_objects, "ClusterRole"))
+    rules = rules_by_resource(operator_role(default_objects, "ClusterRole"))
     read = {"get", "list", "watch"}
     write = {"create", "patch", "delete"}  # apply = create + JSON patch; prune = delete
     assert rules == {
@@ -298,7 +324,7 @@ def test_cluster_role_grants_only_what_the_operator_uses(
         "gateway.networking.k8s.io/grpcroutes": {"get", "list"} | write,
         "apiextensions.k8s.io/customresourcedefinitions": read,
     }
-    binding = only(default_objects, "ClusterRoleBinding")
+    binding = operator_role(default_objects, "ClusterRoleBinding")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "sloline-operator", "namespace": "sloline-system"}
     ]
@@ -315,7 +341,7 @@ def test_custom_values_render_namespaced_rbac_and_monitoring(
     for binding in bindings:
         assert binding["subjects"][0]["name"] == "sloline-controller"
     # The only cluster-scoped grant left is read-only observation.
-    cluster = rules_by_resource(only(custom_objects, "ClusterRole"))
+    cluster = rules_by_resource(operator_role(custom_objects, "ClusterRole"))
     assert cluster == {
         "apiextensions.k8s.io/customresourcedefinitions": {"get", "list", "watch"},
         "namespaces": {"get", "list", "watch"},
@@ -355,6 +381,113 @@ def test_custom_values_render_namespaced_rbac_and_monitoring(
     assert sorted(dashboards["data"]) == files
     for name, text in dashboards["data"].items():
         assert json.loads(text) == json.loads((CHART / "files" / "dashboards" / name).read_text())
+
+
+def webhook_objects(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The admission webhook's objects by kind, checked against the operator's flags."""
+    config = only(objects, "ValidatingWebhookConfiguration")
+    service = only(objects, "Service", "-webhook")
+    args = operator_container(objects)["args"]
+    assert args[args.index("--webhook-configuration") + 1] == config["metadata"]["name"]
+    namespace = service["metadata"]["namespace"]
+    dns = f"{service['metadata']['name']}.{namespace}.svc"
+    assert args[args.index("--webhook-dns") + 1] == dns
+    [hook] = config["webhooks"]
+    assert hook["clientConfig"] == {  # no caBundle: the operator writes it
+        "service": {
+            "name": service["metadata"]["name"],
+            "namespace": namespace,
+            "path": "/validate",
+            "port": 443,
+        }
+    }
+    assert service["spec"]["ports"] == [
+        {"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}
+    ]
+    role = only(objects, "ClusterRole", "-webhook")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingwebhookconfigurations"],
+            "resourceNames": [config["metadata"]["name"]],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    binding = only(objects, "ClusterRoleBinding", "-webhook")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == operator_role(objects, "ClusterRoleBinding")["subjects"]
+    return {"config": config, "hook": hook, "service": service}
+
+
+def ingress_ports(objects: list[dict[str, Any]]) -> list[int]:
+    policy = only(objects, "NetworkPolicy")
+    deployment = only(objects, "Deployment")
+    assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    [rule] = policy["spec"]["ingress"]
+    assert "from" not in rule  # the API server, Prometheus and the kubelet: from anywhere
+    return sorted(p["port"] for p in rule["ports"])
+
+
+@needs_helm
+def test_the_admission_webhook_covers_pipelines_only(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    hook = webhook_objects(default_objects)["hook"]
+    assert hook["name"] == "predictionpipelines.sloline.dev"
+    assert hook["rules"] == [
+        {
+            "apiGroups": ["sloline.dev"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["predictionpipelines"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert (hook["failurePolicy"], hook["sideEffects"], hook["timeoutSeconds"]) == (
+        "Fail",
+        "None",
+        5,
+    )
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert "namespaceSelector" not in hook  # every namespace, as the operator serves
+    assert ingress_ports(default_objects) == [8080, 8081, 9443]
+
+
+@needs_helm
+def test_custom_values_shape_the_admission_webhook(
+    custom_objects: list[dict[str, Any]],
+) -> None:
+    hook = webhook_objects(custom_objects)["hook"]
+    assert hook["namespaceSelector"] == {  # only the namespaces the operator serves
+        "matchExpressions": [
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "In",
+                "values": ["ml-prod", "ml-staging"],
+            }
+        ]
+    }
+    assert (hook["failurePolicy"], hook["timeoutSeconds"]) == ("Ignore", 10)
+    ports = {p["name"]: p["containerPort"] for p in operator_container(custom_objects)["ports"]}
+    assert ports["webhook"] == 10443
+    assert ingress_ports(custom_objects) == [8080, 8081, 10443]
+
+
+@needs_helm
+def test_the_webhook_and_the_network_policy_can_be_switched_off(
+    helm_env: dict[str, str],
+) -> None:
+    objects = template(helm_env, "--set", "admission.webhook.enabled=false")
+    assert not [o for o in objects if o["kind"] == "ValidatingWebhookConfiguration"]
+    assert not [o for o in objects if o["metadata"]["name"].endswith("-webhook")]
+    container = operator_container(objects)
+    assert not [a for a in container["args"] if a.startswith("--webhook")]
+    assert "webhook" not in {p["name"] for p in container["ports"]}
+    assert ingress_ports(objects) == [8080, 8081]
+    objects = template(helm_env, "--set", "operator.networkPolicy.enabled=false")
+    assert not [o for o in objects if o["kind"] == "NetworkPolicy"]
+    assert only(objects, "ValidatingWebhookConfiguration")
 
 
 @needs_helm
@@ -427,6 +560,12 @@ BAD_VALUES = [
         "got number, want string",
         id="gpu-count-unquoted",
     ),
+    pytest.param(
+        ["--set", "admission.webhook.failurePolicy=Sometimes"], "must be one of", id="policy"
+    ),
+    pytest.param(
+        ["--set", "admission.webhook.timeoutSeconds=60"], "maximum: got 60", id="webhook-timeout"
+    ),
 ]
 
 
@@ -472,7 +611,7 @@ def test_manifests_are_in_sync_with_the_chart() -> None:
         },
     }
     for doc in docs[1:]:
-        if doc["kind"] not in {"ClusterRole", "ClusterRoleBinding"}:
+        if doc["kind"] not in CLUSTER_SCOPED:
             assert doc["metadata"]["namespace"] == "sloline-system", doc["metadata"]["name"]
     kubernetes_validate.validate(docs[0], KUBERNETES_VERSION, strict=True)
 

@@ -134,6 +134,9 @@ class EmulatedCluster:
             # the operator's servers bind 0.0.0.0, so its default metrics port 8080 would
             # take 8080 on every pod address, where workers serve their health port.
             "operator": {"ports": {"metrics": 8090, "health": 8091}},
+            # The emulator serves no admissionregistration.k8s.io and calls no webhooks
+            # (tests/unit/operator/test_admission.py and test_admission_webhook.py cover it).
+            "admission": {"webhook": {"enabled": False}},
             "settings": {
                 "prometheusUrl": self.prometheus.url,
                 "models": {

@@ -66,3 +66,13 @@ app.kubernetes.io/component: operator
 {{- $_ := set $settings "pods" $pods -}}
 {{- toYaml (merge $image $settings) -}}
 {{- end -}}
+
+{{/* The admission webhook: its Service, and the cluster-scoped ValidatingWebhookConfiguration
+     (named after the release namespace too, so installs in two namespaces do not share it). */}}
+{{- define "sloline.webhookService" -}}
+{{- printf "%s-webhook" (include "sloline.operatorName" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "sloline.webhookConfiguration" -}}
+{{- printf "%s-%s" (include "sloline.fullname" .) .Release.Namespace | trunc 63 | trimSuffix "-" -}}
+{{- end -}}

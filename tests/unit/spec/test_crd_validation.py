@@ -133,6 +133,51 @@ def _two_workloads(doc: dict[str, Any]) -> None:
     doc["spec"]["workload"]["trace"] = [0.0, 0.1]
 
 
+def _stage_named_like_an_input(doc: dict[str, Any]) -> None:
+    doc["spec"]["inputs"].append({"name": "fast", "datatype": "FP32", "shape": [1]})
+
+
+def _duplicate_stage_input(doc: dict[str, Any]) -> None:
+    doc["spec"]["stages"][3]["inputs"].append({"name": "fast", "from": "fast.probabilities"})
+
+
+def _duplicate_output(doc: dict[str, Any]) -> None:
+    outputs = doc["spec"]["stages"][3]["outputs"]
+    outputs.append(copy.deepcopy(outputs[-1]))
+
+
+def _reads_itself(doc: dict[str, Any]) -> None:
+    doc["spec"]["stages"][1]["inputs"][0]["from"] = "fast.probabilities"
+
+
+def _optional_onnx_input(doc: dict[str, Any]) -> None:
+    doc["spec"]["stages"][1]["inputs"][0]["optional"] = True
+
+
+def _python_without_entrypoint(doc: dict[str, Any]) -> None:
+    del doc["spec"]["stages"][0]["model"]["entrypoint"]
+
+
+def _python_with_uri(doc: dict[str, Any]) -> None:
+    doc["spec"]["stages"][0]["model"]["uri"] = "models/pre.onnx"
+
+
+def _python_with_storage_uri(doc: dict[str, Any]) -> None:
+    doc["spec"]["stages"][0]["model"]["storageUri"] = "s3://models/pre.onnx"
+
+
+def _onnx_without_file(doc: dict[str, Any]) -> None:
+    del doc["spec"]["stages"][1]["model"]["uri"]
+
+
+def _onnx_with_entrypoint(doc: dict[str, Any]) -> None:
+    doc["spec"]["stages"][1]["model"]["entrypoint"] = "stages:fast"
+
+
+def _too_many_arrivals(doc: dict[str, Any]) -> None:
+    doc["spec"]["workload"].update(rateRps=50_000, durationS=60)
+
+
 BROKEN = [
     (_break_output, ".spec: output must name one of the stages"),
     (_duplicate_stage, ".spec: stage names must be unique"),
@@ -140,6 +185,17 @@ BROKEN = [
     (_unknown_input, ".spec: every stage input's `from` must name a pipeline input"),
     (_replica_bounds, ".spec.stages[1]: minReplicas must not exceed maxReplicas"),
     (_two_workloads, ".spec.workload: give exactly one of rateRps, trace or traceUri"),
+    (_stage_named_like_an_input, ".spec: a stage must not share its name with a pipeline input"),
+    (_duplicate_stage_input, ".spec.stages[3]: a stage's input names must be unique"),
+    (_duplicate_output, ".spec.stages[3]: a stage's output names must be unique"),
+    (_reads_itself, ".spec.stages[1]: a stage cannot read its own output"),
+    (_optional_onnx_input, ".spec.stages[1]: optional inputs are only for python stages"),
+    (_python_without_entrypoint, ".spec.stages[0]: python stages need model.entrypoint"),
+    (_python_with_uri, ".spec.stages[0]: python stages take model.entrypoint, not model.uri"),
+    (_python_with_storage_uri, ".spec.stages[0]: python stages load from the model directory"),
+    (_onnx_without_file, ".spec.stages[1]: onnx and torchscript stages need a model file"),
+    (_onnx_with_entrypoint, ".spec.stages[1]: model.entrypoint is only for python stages"),
+    (_too_many_arrivals, ".spec.workload: rateRps x durationS must be at most 2,000,000"),
 ]
 
 
