@@ -151,7 +151,7 @@ class Router:
             self.name, graph.stages, registry or CollectorRegistry(), slo_s=self.slo_s
         )
         self.stats = RouterStats(list(graph.stages))
-        self.triton_stats = TritonStats()
+        self.triton_stats = TritonStats(self.metrics.queue_wait, self.settings.max_rows)
         self.draining = False
         # Told the pid of each worker that connects (embedded: the local backend's restart
         # policy restarts a worker that had connected at once).
@@ -280,7 +280,7 @@ class Router:
         latency_s = end - state.arrival
         self.metrics.answered(200, latency_s, self.slo_s)
         self.stats.latency.add(end, latency_s)
-        self.triton_stats.success(latency_s, 1)
+        self.triton_stats.success(latency_s, len(states))
         if state.estimate == state.estimate:  # not NaN: admission estimated it
             self._admission.error.observe(latency_s - state.estimate)  # type: ignore[union-attr]
         return InferResponse(
@@ -465,6 +465,7 @@ class Router:
         self._progress_at = now
         self.metrics.service_time(stage, result.service_s)
         items = step.completed
+        self.triton_stats.batch(stage, len(items), result.service_s)
         self.stats.stage_batch[stage].add(now, len(items))
         self.stats.stage_service[stage].add(now, result.service_s)
         self.stats.stage_cpu[stage].add(now, result.cpu_s)
