@@ -95,6 +95,7 @@ class _Request:
     estimate: float = math.nan  # admission's estimate of its latency (NaN: none)
     items: list[WorkItem] = field(default_factory=list)
     trace: Any = None  # its trace context while tracing is on (tracing.py)
+    traceparent: str = ""  # and that context's W3C traceparent, for its workers
 
     def fail(self, error: InferenceError) -> None:
         if not self.future.done():
@@ -304,8 +305,10 @@ class Router:
             states[0].estimate = self._admission.last_s
         if tracing.tracer is not None:
             context = tracing.current_context()
+            traceparent = tracing.traceparent(context)
             for state in states:
                 state.trace = context
+                state.traceparent = traceparent
         return states
 
     async def _run_rows(self, states: list[_Request]) -> list[dict[str, Tensor]]:
@@ -390,8 +393,15 @@ class Router:
             if conn is None:  # pragma: no cover - the queue only knows connected workers
                 raise RuntimeError(f"dispatch to unknown worker {dispatch.worker}")
             conn.dispatched_at = now
+            traceparents = (
+                [item.request.traceparent for item in dispatch.items]
+                if tracing.tracer is not None
+                else ()
+            )
             conn.send(
-                wire.batch_message(dispatch.batch_id, [item.inputs for item in dispatch.items])
+                wire.batch_message(
+                    dispatch.batch_id, [item.inputs for item in dispatch.items], traceparents
+                )
             )
             self.metrics.batch_size[queue.stage].observe(len(dispatch.items))
             waits = self.metrics.queue_wait[queue.stage]
