@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.integration.test_examples_served import wait_ready
 from tests.support.net import free_port
@@ -30,11 +32,18 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[tuple[int, int]]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
+    # perf_analyzer stops at its first failed request: serve a copy with a 30 s SLO, so a
+    # loaded test machine cannot turn slow answers into 504s (nor admission into 503s).
     build_example("digits-cascade")
+    folder = tmp_path_factory.mktemp("perf") / "digits-cascade"
+    shutil.copytree(EXAMPLES / "digits-cascade", folder)
+    doc = yaml.safe_load((folder / "pipeline.yaml").read_text())
+    doc["spec"]["slo"]["latencyMs"] = 30_000
+    (folder / "pipeline.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     http_port, grpc_port = free_port(), free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "sloline", "run", str(EXAMPLES / "digits-cascade" / "pipeline.yaml"),
+        [sys.executable, "-m", "sloline", "run", str(folder / "pipeline.yaml"),
          "--port", str(http_port), "--grpc-port", str(grpc_port), "--no-plan",
          "--status-interval", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
