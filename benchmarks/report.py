@@ -18,7 +18,7 @@ import numpy as np
 
 PACKAGES = ("sloline", "ray", "grpcio", "protobuf", "uvicorn", "starlette", "httptools",
             "uvloop", "aiohttp", "orjson", "numpy", "onnxruntime", "torch", "psutil")  # fmt: skip
-SYSTEMS = ("floor", "sloline", "ray-default", "ray-ht")
+SYSTEMS = ("floor", "sloline", "sloline-base", "ray-default", "ray-ht")
 FLOORS = {
     "grpc-unary": "gRPC unary echo",
     "grpc-stream": "gRPC stream ping-pong",

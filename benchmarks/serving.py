@@ -16,14 +16,21 @@ fixed count), server CPU per request (every process of the server's tree), the c
 own CPU. Then sloline's per-hop cost (1..3-stage no-op chains) against raw loopback
 gRPC / HTTP echo round trips of the same payload.
 
+Before/after (``--baseline-ref REF``): the system ``sloline-base`` is `sloline run` of
+the package as committed at git REF (``git archive`` into the run directory, run through
+PYTHONPATH, workers included), served beside today's ``sloline`` in the same run and
+interleaved with it like any other pair of systems: no regression shows as equal cells.
+The ``digits-cascade`` workload (`examples/digits-cascade`) has a conditional stage, so
+the router evaluates its CEL `when` on every request.
+
 Protocol: every repetition runs every system, in an order rotated by one each time, so
 slow drifts of a shared machine spread over all systems; the report gives the median
 and the min-max spread over repetitions. ``--quick`` (floor + sloline, no Ray, tiny
 counts, < 60 s) is the smoke test.
 
 Usage: ``python benchmarks/serving.py [--quick] [--reps N] [--systems ...]
-[--workloads ...]``. Writes ``benchmarks/results/serving-<date>.json`` and prints
-markdown tables (see benchmarks/README.md, docs/benchmarks.md); ``--quick`` writes
+[--workloads ...] [--baseline-ref REF]``. Writes ``benchmarks/results/serving-<date>.json``
+and prints markdown tables (see benchmarks/README.md, docs/benchmarks.md); ``--quick`` writes
 ``serving-<date>.quick.raw.json`` instead (ignored by git).
 """
 
@@ -31,11 +38,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
@@ -67,6 +76,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 NOOP = ROOT / "tests/support/pipelines/noop/pipeline.yaml"
 IMAGE = ROOT / "examples/image-ensemble/pipeline.yaml"
+DIGITS = ROOT / "examples/digits-cascade/pipeline.yaml"
+WORKLOADS = ("noop-64B", "noop-602KB", "image-ensemble", "digits-cascade")
+BASE = "sloline-base"  # sloline at --baseline-ref
 PAYLOAD_FLOATS = {"64B": 16, "602KB": 150528}
 ALL_SYSTEMS = ("floor", "sloline", "ray-default", "ray-ht")
 SLOLINE_TIMEOUT_MS = 30_000  # = the load generator's own request timeout
@@ -142,25 +154,38 @@ def noop_chain(stages: int, run_dir: Path) -> Path:
     return directory / "pipeline.yaml"
 
 
-def image_workload(run_dir: Path) -> Workload | None:
-    if not IMAGE.exists():
+def example_workload(path: Path, run_dir: Path) -> Workload | None:
+    """An example pipeline (its models built when missing) with its first sample."""
+    if not path.exists():
         return None
-    loaded = load_pipeline(IMAGE)
+    loaded = load_pipeline(path)
     if any(s.model.uri and not loaded.resolve(s.model.uri).exists() for s in
            loaded.pipeline.spec.stages):  # fmt: skip
-        subprocess.run([sys.executable, str(IMAGE.parent / "build.py")], check=True,
-                       timeout=600, cwd=IMAGE.parent)  # fmt: skip
+        subprocess.run([sys.executable, str(path.parent / "build.py")], check=True,
+                       timeout=600, cwd=path.parent)  # fmt: skip
     samples = loaded.pipeline.spec.samples
     if samples is None or not samples.entrypoint:
-        raise SystemExit(f"{IMAGE} declares no sample requests (spec.samples.entrypoint)")
+        raise SystemExit(f"{path} declares no sample requests (spec.samples.entrypoint)")
     batch = import_entrypoint(samples.entrypoint, loaded.base_dir, what="samples")()
     inputs = {k: np.asarray(v[0]) for k, v in batch.items()}
-    return make_workload("image-ensemble", "image", IMAGE, inputs, run_dir)
+    return make_workload(loaded.name, loaded.name, path, inputs, run_dir)
+
+
+def baseline_source(ref: str, run_dir: Path) -> Path:
+    """The sloline package as committed at git `ref`, extracted under `run_dir`."""
+    out = run_dir / "baseline"
+    out.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "sloline"],  # noqa: S607
+                             capture_output=True, check=True, timeout=120).stdout  # fmt: skip
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(out, filter="data")
+    return out
 
 
 class Bench:
     def __init__(self, args: argparse.Namespace, plan: Plan, run_dir: Path) -> None:
         self.args, self.plan, self.run_dir = args, plan, run_dir
+        self.baseline = baseline_source(args.baseline_ref, run_dir) if args.baseline_ref else None
         self.loadgen = ChildProcess([sys.executable, str(HERE / "loadgen.py")],
                                     stderr_path=run_dir / "loadgen.log")  # fmt: skip
 
@@ -247,6 +272,9 @@ class Bench:
             return FloorSystem(pipeline_file, max_batch, max(threads.values()), self.run_dir)
         if name == "sloline":
             return SlolineSystem(pipeline_file, max_batch, self.run_dir)
+        if name == BASE:
+            assert self.baseline is not None, "sloline-base needs --baseline-ref"
+            return SlolineSystem(pipeline_file, max_batch, self.run_dir, BASE, self.baseline)
         extra = {}
         if self.args.haproxy_binary:
             extra["RAY_SERVE_HAPROXY_BINARY_PATH"] = self.args.haproxy_binary
@@ -401,9 +429,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke test: floor + sloline, <60 s")
     parser.add_argument("--reps", type=int, help="repetitions (default 3, quick 1)")
-    parser.add_argument("--systems", nargs="+", choices=ALL_SYSTEMS)
-    parser.add_argument("--workloads", nargs="+",
-                        choices=("noop-64B", "noop-602KB", "image-ensemble"))  # fmt: skip
+    parser.add_argument("--systems", nargs="+", choices=(*ALL_SYSTEMS, BASE))
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS)
+    parser.add_argument("--baseline-ref", metavar="REF",
+                        help=f"add {BASE}: sloline as committed at git REF, interleaved with "
+                             "today's (default systems then: sloline and it)")  # fmt: skip
     parser.add_argument("--no-hops", action="store_true", help="skip the per-hop block")
     parser.add_argument("--noop-max-batch", type=int, default=8)
     parser.add_argument("--image-max-batch", type=int, default=4)
@@ -415,7 +445,10 @@ def main() -> int:
     plan = QUICK if args.quick else FULL
     if args.reps:
         plan = Plan(**{**plan.__dict__, "reps": args.reps})
-    systems = list(args.systems or (("floor", "sloline") if args.quick else ALL_SYSTEMS))
+    default = ("sloline", BASE) if args.baseline_ref else ALL_SYSTEMS
+    systems = list(args.systems or (("floor", "sloline") if args.quick else default))
+    if BASE in systems and not args.baseline_ref:
+        parser.error(f"{BASE} needs --baseline-ref")
     wanted = args.workloads or (("noop-64B", "noop-602KB") if args.quick else
                                 ("noop-64B", "noop-602KB", "image-ensemble"))  # fmt: skip
     date = datetime.date.today().isoformat()
@@ -431,12 +464,13 @@ def main() -> int:
                 for label, n in PAYLOAD_FLOATS.items()}  # fmt: skip
     workloads = [w for w in payloads.values() if w.name in wanted]
     notes = []
-    if "image-ensemble" in wanted:
-        image = image_workload(run_dir)
-        if image is None:
-            notes.append(f"image-ensemble skipped: {IMAGE} does not exist yet")
-        else:
-            workloads.append(image)
+    for name, path in (("image-ensemble", IMAGE), ("digits-cascade", DIGITS)):
+        if name in wanted:
+            example = example_workload(path, run_dir)
+            if example is None:
+                notes.append(f"{name} skipped: {path} does not exist yet")
+            else:
+                workloads.append(example)
     machine = machine_info(args.haproxy_binary)
     log(f"run dir {run_dir}; systems {systems}; workloads {[w.name for w in workloads]}")
     bench = Bench(args, plan, run_dir)
@@ -454,7 +488,8 @@ def main() -> int:
     finally:
         bench.close()
     machine["loadavg_end"] = list(os.getloadavg())
-    settings = {"plan": plan.__dict__, "systems": systems, "noop_max_batch": args.noop_max_batch,
+    settings = {"plan": plan.__dict__, "systems": systems, "baseline_ref": args.baseline_ref,
+                "noop_max_batch": args.noop_max_batch,
                 "image_max_batch": args.image_max_batch, "quick": args.quick,
                 "run_dir": str(run_dir), "wall_s": time.perf_counter() - started}  # fmt: skip
     summary = summarize_runs(cells, hops, echoes)

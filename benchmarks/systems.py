@@ -203,30 +203,34 @@ def wait_http(url: str, body: bytes | None, deadline_s: float, what: str,
 
 
 class SlolineSystem:
-    name = "sloline"
-
-    def __init__(self, pipeline_file: Path, max_batch: dict[str, int], run_dir: Path) -> None:
+    def __init__(self, pipeline_file: Path, max_batch: dict[str, int], run_dir: Path,
+                 name: str = "sloline", source: Path | None = None) -> None:  # fmt: skip
+        """`source`: run the sloline package found there (another build: its router and,
+        through the inherited PYTHONPATH, its workers) instead of the importable one."""
+        self.name = name
         self.pipeline_file = pipeline_file
         self.max_batch = max_batch
         self.run_dir = run_dir
+        self.env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
         self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
+        self.port = self.grpc_port = 0
 
     def start(self, timeout_s: float = 120.0) -> None:
-        self.port, grpc_port = free_port(), free_port()
+        self.port, self.grpc_port = free_port(), free_port()
         # A fixed configuration, the same as every other system's: no planning, no tuner
         # (`sloline run` would otherwise profile, plan and autoscale replicas under the
         # benchmark's load), one replica per stage, the given max batch.
         argv = [sys.executable, "-m", "sloline", "run", str(self.pipeline_file),
-                "--port", str(self.port), "--grpc-port", str(grpc_port), "--no-plan",
+                "--port", str(self.port), "--grpc-port", str(self.grpc_port), "--no-plan",
                 "--no-tuner", "--status-interval", "0", "--duration", "3600",
                 "--worker-nice", "0",  # as Ray's replicas (RAY_ENV)
-                "--log-dir", str(self.run_dir / "sloline-workers")]  # fmt: skip
+                "--log-dir", str(self.run_dir / f"{self.name}-workers")]  # fmt: skip
         for stage, batch in self.max_batch.items():
             argv += ["--max-batch", f"{stage}={batch}", "--replicas", f"{stage}=1"]
         self.argv = argv
-        log = open(self.run_dir / "sloline.log", "ab")  # noqa: SIM115 (closed with the process)
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        log = open(self.run_dir / f"{self.name}.log", "ab")  # noqa: SIM115 (closed with the process)
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                     env=self.env)  # fmt: skip
         log.close()
         wait_http(f"http://127.0.0.1:{self.port}/v2/health/ready", None, timeout_s, "sloline")
 

@@ -40,11 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     process.use_grpc_iomgr()  # before anything imports grpc; workers and profiling too
     throttle_logs()
-    if args.command in ("run", "router"):
+    if args.command in ("run", "router", "worker"):
         from sloline.serving import tracing
 
-        try:
-            tracing.configure(args.otlp_endpoint)
+        try:  # workers take the endpoint from the environment (tracing.py)
+            tracing.configure(getattr(args, "otlp_endpoint", None))
         except ValueError as exc:  # tracing asked for without the otel extra
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_INVALID

@@ -33,7 +33,7 @@ import grpc
 
 from sloline.model_server.health import HealthServer, HealthState
 from sloline.runtimes import StageRunner, load_pipeline_stage
-from sloline.serving import auth, process, wire
+from sloline.serving import auth, process, tracing, wire
 from sloline.serving.proto import worker_pb2 as pb
 from sloline.spec import load_pipeline
 
@@ -62,10 +62,13 @@ class WorkerSettings:
     stop_timeout_s: float = 25.0  # after SIGTERM, give up on a silent router (grace 30 s)
 
 
-def run_batch(runner: StageRunner, batch: pb.Batch, payload: memoryview) -> bytes:
+def run_batch(
+    runner: StageRunner, batch: pb.Batch, payload: memoryview, stage: str = "", worker: str = ""
+) -> bytes:
     """Run one batch through the model and encode the reply; model errors become the
     batch's error text. Inputs are views of the received message, outputs are copied
-    once, into the reply (`wire`)."""
+    once, into the reply (`wire`). A batch that carries its requests' trace contexts is
+    recorded as a span while this worker traces (`tracing.batch_span`)."""
     items = wire.batch_arrays(batch, payload)
     start, cpu = time.perf_counter(), time.process_time()
     try:
@@ -75,13 +78,11 @@ def run_batch(runner: StageRunner, batch: pb.Batch, payload: memoryview) -> byte
         outputs, error = [], f"{type(exc).__name__}: {exc}"
     else:
         error = ""
-    return wire.result_message(
-        batch.batch_id,
-        outputs,
-        time.perf_counter() - start,
-        error,
-        cpu_s=time.process_time() - cpu,
-    )
+    service_s = time.perf_counter() - start
+    cpu_s = time.process_time() - cpu
+    if batch.traceparent and tracing.tracer is not None:
+        tracing.batch_span(batch.traceparent, stage, worker, service_s, error)
+    return wire.result_message(batch.batch_id, outputs, service_s, error, cpu_s=cpu_s)
 
 
 class Worker:
@@ -97,6 +98,7 @@ class Worker:
         self.pipeline = pipeline
         self.health = health or HealthState()
         self.stopping = asyncio.Event()
+        self.worker_id = settings.worker_id or f"pid-{os.getpid()}"
 
     def stop(self) -> None:
         """Begin a graceful stop (the SIGTERM handler)."""
@@ -109,7 +111,7 @@ class Worker:
             hello=pb.Hello(
                 pipeline=self.pipeline,
                 stage=s.stage,
-                worker_id=s.worker_id or f"pid-{os.getpid()}",
+                worker_id=self.worker_id,
                 pid=os.getpid(),
                 hardware=s.hardware,
             )
@@ -191,7 +193,9 @@ class Worker:
             while (received := await call.read()) is not grpc.aio.EOF:
                 message, payload = received
                 if message.HasField("batch"):
-                    result = run_batch(self.runner, message.batch, payload)
+                    result = run_batch(
+                        self.runner, message.batch, payload, self.settings.stage, self.worker_id
+                    )
                     async with lock:
                         await call.write(result)
         finally:

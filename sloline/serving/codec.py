@@ -31,7 +31,13 @@ from sloline.common.tensors import BYTES, DTYPES, InvalidInput, Tensor, check_by
 
 SERVER_NAME: Final = "sloline"
 # OIP extensions both front doors implement (reported by `GET /v2` and ServerMetadata).
-SERVER_EXTENSIONS: Final = ("binary_tensor_data", "parameters")
+SERVER_EXTENSIONS: Final = (
+    "binary_tensor_data",
+    "parameters",
+    "model_configuration",
+    "statistics",
+    "model_repository",
+)
 
 _SUPPORTED: Final = ", ".join(DTYPES)
 _INT_KINDS: Final = frozenset("iu")

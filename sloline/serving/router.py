@@ -95,6 +95,7 @@ class _Request:
     estimate: float = math.nan  # admission's estimate of its latency (NaN: none)
     items: list[WorkItem] = field(default_factory=list)
     trace: Any = None  # its trace context while tracing is on (tracing.py)
+    traceparent: str = ""  # and that context's W3C traceparent, for its workers
 
     def fail(self, error: InferenceError) -> None:
         if not self.future.done():
@@ -151,7 +152,7 @@ class Router:
             self.name, graph.stages, registry or CollectorRegistry(), slo_s=self.slo_s
         )
         self.stats = RouterStats(list(graph.stages))
-        self.triton_stats = TritonStats()
+        self.triton_stats = TritonStats(self.metrics.queue_wait, self.settings.max_rows)
         self.draining = False
         # Told the pid of each worker that connects (embedded: the local backend's restart
         # policy restarts a worker that had connected at once).
@@ -280,7 +281,7 @@ class Router:
         latency_s = end - state.arrival
         self.metrics.answered(200, latency_s, self.slo_s)
         self.stats.latency.add(end, latency_s)
-        self.triton_stats.success(latency_s, 1)
+        self.triton_stats.success(latency_s, len(states))
         if state.estimate == state.estimate:  # not NaN: admission estimated it
             self._admission.error.observe(latency_s - state.estimate)  # type: ignore[union-attr]
         return InferResponse(
@@ -304,8 +305,10 @@ class Router:
             states[0].estimate = self._admission.last_s
         if tracing.tracer is not None:
             context = tracing.current_context()
+            traceparent = tracing.traceparent(context)
             for state in states:
                 state.trace = context
+                state.traceparent = traceparent
         return states
 
     async def _run_rows(self, states: list[_Request]) -> list[dict[str, Tensor]]:
@@ -390,8 +393,15 @@ class Router:
             if conn is None:  # pragma: no cover - the queue only knows connected workers
                 raise RuntimeError(f"dispatch to unknown worker {dispatch.worker}")
             conn.dispatched_at = now
+            traceparents = (
+                [item.request.traceparent for item in dispatch.items]
+                if tracing.tracer is not None
+                else ()
+            )
             conn.send(
-                wire.batch_message(dispatch.batch_id, [item.inputs for item in dispatch.items])
+                wire.batch_message(
+                    dispatch.batch_id, [item.inputs for item in dispatch.items], traceparents
+                )
             )
             self.metrics.batch_size[queue.stage].observe(len(dispatch.items))
             waits = self.metrics.queue_wait[queue.stage]
@@ -465,6 +475,7 @@ class Router:
         self._progress_at = now
         self.metrics.service_time(stage, result.service_s)
         items = step.completed
+        self.triton_stats.batch(stage, len(items), result.service_s)
         self.stats.stage_batch[stage].add(now, len(items))
         self.stats.stage_service[stage].add(now, result.service_s)
         self.stats.stage_cpu[stage].add(now, result.cpu_s)

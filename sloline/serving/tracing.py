@@ -12,13 +12,25 @@ when it sends one, and one child span per stage it visits (`stage <name>`), from
 was queued at the stage to when its batch came back, with the queue wait, batch size,
 worker and the worker's service time as attributes. With tracing off the request path
 checks one module attribute, :data:`tracer`, which is None.
+
+Across the worker channel: while tracing is on, the router sends each batch with the
+W3C `traceparent` of every item's request (`Batch.traceparent` in worker.proto; nothing is
+built when it is off), and a worker whose tracing is on records one span for the batch's
+model execution (`worker <stage>`, :func:`batch_span`). A batch serves many requests and
+a span has one parent: its parent is the first traced request in the batch (so it shows
+in that request's tree, beside the `stage <name>` span that covers its queue wait and
+round trip), and it links to every traced request in the batch, the first included
+(OpenTelemetry's way for batch processing); a trace viewer follows the links from the
+others. Workers configure tracing from the same environment (`sloline run
+--otlp-endpoint` passes its endpoint to the workers it starts as
+`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -41,7 +53,8 @@ def configure(endpoint: str | None) -> None:
     Raises ValueError when tracing is asked for and the `otel` extra is not installed.
     """
     global tracer  # noqa: PLW0603 (the process's one tracer)
-    endpoint = endpoint or endpoint_from_env()
+    from_env = endpoint_from_env()
+    endpoint = endpoint or from_env
     if not endpoint:
         return
     try:
@@ -65,6 +78,8 @@ def configure(endpoint: str | None) -> None:
     )
     trace.set_tracer_provider(provider)
     tracer = trace.get_tracer("sloline.serving")
+    if endpoint != from_env:  # the workers this process starts export to it too
+        os.environ[ENDPOINT_ENVS[0]] = endpoint
 
 
 @contextmanager
@@ -104,3 +119,51 @@ def stage_span(
         },
     )
     span.end(end_time=to_ns + int(now * 1e9))
+
+
+def traceparent(context: Any) -> str:
+    """The W3C `traceparent` of the span current in `context` ('' when it has none)."""
+    from opentelemetry import trace
+
+    sc = trace.get_current_span(context).get_span_context()
+    if not sc.is_valid:
+        return ""
+    return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"
+
+
+def batch_span(
+    traceparents: Sequence[str], stage: str, worker: str, service_s: float, error: str = ""
+) -> None:
+    """Record a worker's model execution of one batch, which has just ended and took
+    `service_s`: a child of the first traced request in `traceparents` (one per item, ''
+    for an untraced one), linked to every traced one."""
+    from opentelemetry import trace
+    from opentelemetry.trace import Link, NonRecordingSpan, SpanKind, Status, StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    propagator = TraceContextTextMapPropagator()
+    requests = [
+        trace.get_current_span(propagator.extract({"traceparent": tp})).get_span_context()
+        for tp in traceparents
+        if tp
+    ]
+    requests = [sc for sc in requests if sc.is_valid]
+    if not requests:
+        return
+    end = time.time_ns()
+    span = tracer.start_span(
+        f"worker {stage}",
+        context=trace.set_span_in_context(NonRecordingSpan(requests[0])),
+        kind=SpanKind.CONSUMER,
+        links=[Link(sc) for sc in requests],
+        start_time=end - int(service_s * 1e9),
+        attributes={
+            "sloline.stage": stage,
+            "sloline.worker": worker,
+            "sloline.batch_size": len(traceparents),
+            "sloline.service_s": service_s,
+        },
+    )
+    if error:
+        span.set_status(Status(StatusCode.ERROR, error))
+    span.end(end_time=end)

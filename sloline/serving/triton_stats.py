@@ -5,26 +5,41 @@ Triton's tools (perf_analyzer, model-analyzer) and clients (`tritonclient.http`'
 besides the Open Inference Protocol. The pipeline is one model (the router's name):
 
 - `GET /v2/models/{m}[/versions/{v}]/config`: its configuration, built from the model
-  metadata (batch dimension first, so `max_batch_size` 1 and `dims` without it);
-- `GET /v2/models[/{m}[/versions/{v}]]/stats`: `TritonStats`, counted by the router once
-  per request when it is answered (two integer adds and a clock read);
+  metadata: `max_batch_size` the rows one request may carry (`RouterSettings.max_rows`),
+  `dims` without that leading batch dimension, as Triton writes a batching model's;
+- `GET /v2/models[/{m}[/versions/{v}]]/stats`: `TritonStats`, the pipeline as the model
+  and each stage as a model of its own (named by the stage, as an ensemble's composing
+  models are listed beside it);
 - `POST /v2/repository/index`: the one model, READY when the router is;
   `POST /v2/repository/models/{m}/load|unload` answer 400: sloline serves a fixed pipeline.
 
 gRPC serves the same documents as Triton's `ModelConfig`, `ModelStatistics`,
 `RepositoryIndex` and `RepositoryModelLoad`/`Unload` RPCs (`TritonExtensions`).
 
-Triton splits a request's time into queue, compute input, compute infer and compute
-output; a pipeline's request crosses several stage queues and workers, so sloline reports
-the request's whole time as `compute_infer` and 0 for the others. The per-stage queue and
-service times are in the Prometheus metrics.
+How a pipeline's time maps onto Triton's split (queue, compute input, compute infer,
+compute output; Triton counts each per request, a batch's compute time once for every
+request in it):
+
+- the pipeline: `success`/`fail` the requests answered and failed with their whole time
+  in the router; `queue` the time its rows waited in stage queues, summed over the
+  stages they visited (the router's `sloline_stage_queue_wait_seconds`); `compute_infer`
+  the model time of the batches they were in, summed over those stages (measured in the
+  workers); compute input and output 0 (the router's own work and the hops are what
+  perf_analyzer shows as overhead); `batch_stats` the requests by the rows they carried,
+  each with its whole time as `compute_infer`;
+- a stage: per item (row) that visited it, `queue` its queue wait and `compute_infer`
+  its batch's model time; `execution_count` the batches and `batch_stats` the batches by
+  their size, each with its model time. Failures are counted for the pipeline only.
+
+Counting costs the request path one dictionary update per answered request and per
+batch that comes back; queue waits are read from the metrics' series when asked for.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 from google.protobuf import json_format
 from starlette.requests import Request
@@ -39,60 +54,146 @@ Handler = Callable[[Request], Awaitable[Response]]
 _ZERO = {"count": 0, "ns": 0}
 
 
+class QueueWaits(Protocol):
+    """A stage's queue-wait series (`metrics.Series`): its sum in seconds."""
+
+    sum: float
+
+
+def _duration(count: int, ns: float) -> dict[str, int]:
+    return {"count": count, "ns": int(ns)}
+
+
+def _batch_stats(sizes: Mapping[int, list[int]]) -> list[dict[str, Any]]:
+    """Triton's `batch_stats`: per batch size, executions and their compute time (ns)."""
+    return [
+        {
+            "batch_size": size,
+            "compute_input": _duration(count, 0),
+            "compute_infer": _duration(count, ns),
+            "compute_output": _duration(count, 0),
+        }
+        for size, (count, ns) in sorted(sizes.items())
+    ]
+
+
+def _count(sizes: dict[int, list[int]], size: int, ns: int) -> None:
+    entry = sizes.get(size)
+    if entry is None:
+        sizes[size] = [1, ns]
+    else:
+        entry[0] += 1
+        entry[1] += ns
+
+
 class TritonStats:
-    """Per-model request counts and total durations (ns), Triton's statistics extension."""
+    """What Triton's statistics extension reports, counted by the router: requests
+    answered and failed with their total durations (ns), the requests by rows, and per
+    stage the batches by size with their model time. `queue_waits` are the router's
+    per-stage queue-wait series (read, not written, here)."""
 
     __slots__ = (
         "fail_count",
         "fail_ns",
         "last_inference_ms",
+        "max_batch_size",
+        "queue_waits",
+        "request_rows",
         "rows",
+        "stage_batches",
         "success_count",
         "success_ns",
     )
 
-    def __init__(self) -> None:
+    def __init__(
+        self, queue_waits: Mapping[str, QueueWaits] | None = None, max_batch_size: int = 1
+    ) -> None:
         self.success_count = 0
         self.success_ns = 0
         self.fail_count = 0
         self.fail_ns = 0
         self.rows = 0
         self.last_inference_ms = 0
+        self.max_batch_size = max_batch_size
+        self.queue_waits: Mapping[str, QueueWaits] = queue_waits or {}
+        self.request_rows: dict[int, list[int]] = {}  # rows -> [requests, ns]
+        self.stage_batches: dict[str, dict[int, list[int]]] = {s: {} for s in self.queue_waits}
 
     def success(self, latency_s: float, rows: int) -> None:
+        ns = int(latency_s * 1e9)
         self.success_count += 1
-        self.success_ns += int(latency_s * 1e9)
+        self.success_ns += ns
         self.rows += rows
         self.last_inference_ms = int(time.time() * 1000)
+        _count(self.request_rows, rows, ns)
 
     def fail(self, latency_s: float) -> None:
         self.fail_count += 1
         self.fail_ns += int(latency_s * 1e9)
 
+    def batch(self, stage: str, size: int, service_s: float) -> None:
+        """A batch of `size` items came back from `stage`, `service_s` of model time."""
+        _count(self.stage_batches[stage], size, int(service_s * 1e9))
+
+    def _stage_totals(self, stage: str) -> tuple[int, int, int, float]:
+        """(items, batches, per-item compute ns, queue ns) of one stage."""
+        sizes = self.stage_batches[stage]
+        items = sum(size * count for size, (count, _) in sizes.items())
+        batches = sum(count for count, _ in sizes.values())
+        infer_ns = sum(size * ns for size, (_, ns) in sizes.items())
+        return items, batches, infer_ns, self.queue_waits[stage].sum * 1e9
+
     def to_json(self, name: str, version: str) -> dict[str, Any]:
-        ok = {"count": self.success_count, "ns": self.success_ns}
+        """The pipeline's entry."""
+        n = self.success_count
+        totals = [self._stage_totals(stage) for stage in self.stage_batches]
         return {
             "name": name,
             "version": version,
             "last_inference": self.last_inference_ms,
             "inference_count": self.rows,
-            "execution_count": self.success_count,
+            "execution_count": n,
             "inference_stats": {
-                "success": ok,
-                "fail": {"count": self.fail_count, "ns": self.fail_ns},
-                "queue": {"count": self.success_count, "ns": 0},
-                "compute_input": {"count": self.success_count, "ns": 0},
-                "compute_infer": ok,
-                "compute_output": {"count": self.success_count, "ns": 0},
+                "success": _duration(n, self.success_ns),
+                "fail": _duration(self.fail_count, self.fail_ns),
+                "queue": _duration(n, sum(t[3] for t in totals)),
+                "compute_input": _duration(n, 0),
+                "compute_infer": _duration(n, sum(t[2] for t in totals)),
+                "compute_output": _duration(n, 0),
                 "cache_hit": _ZERO,
                 "cache_miss": _ZERO,
             },
-            "batch_stats": [],
+            "batch_stats": _batch_stats(self.request_rows),
+        }
+
+    def stage_json(self, stage: str, version: str) -> dict[str, Any]:
+        """One stage's entry, named by the stage."""
+        items, batches, infer_ns, queue_ns = self._stage_totals(stage)
+        return {
+            "name": stage,
+            "version": version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": items,
+            "execution_count": batches,
+            "inference_stats": {
+                "success": _duration(items, queue_ns + infer_ns),
+                "fail": _ZERO,
+                "queue": _duration(items, queue_ns),
+                "compute_input": _duration(items, 0),
+                "compute_infer": _duration(items, infer_ns),
+                "compute_output": _duration(items, 0),
+                "cache_hit": _ZERO,
+                "cache_miss": _ZERO,
+            },
+            "batch_stats": _batch_stats(self.stage_batches[stage]),
         }
 
 
-def model_config(plane: DataPlane, name: str, version: str = "") -> dict[str, Any]:
-    """Triton's model configuration (JSON form) of the pipeline `name`."""
+def model_config(
+    plane: DataPlane, name: str, version: str = "", max_batch_size: int = 1
+) -> dict[str, Any]:
+    """Triton's model configuration (JSON form) of the pipeline `name`, whose requests
+    carry 1 to `max_batch_size` rows (the metadata's leading -1)."""
     meta = plane.model_metadata(name, version)
 
     def tensors(ts: Any) -> list[dict[str, Any]]:
@@ -110,7 +211,7 @@ def model_config(plane: DataPlane, name: str, version: str = "") -> dict[str, An
         "platform": meta.platform,
         "backend": "",
         "version_policy": {"specific": {"versions": [int(v) for v in meta.versions]}},
-        "max_batch_size": 1,
+        "max_batch_size": max_batch_size,
         "input": tensors(meta.inputs),
         "output": tensors(meta.outputs),
     }
@@ -128,14 +229,21 @@ class TritonExtensions:
         self.stats = stats
 
     def config(self, name: str, version: str = "") -> dict[str, Any]:
-        return model_config(self.plane, name, version)
+        return model_config(self.plane, name, version, self.stats.max_batch_size)
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """All models' statistics, or `name`'s (at `version`) when given."""
+        """All models' statistics (the pipeline's, then its stages'), or `name`'s (at
+        `version`) when given: the pipeline's or a stage's."""
+        latest = self.plane.model_metadata(self.name).versions[-1]
+        stats = self.stats
+        if name and name != self.name and name in stats.stage_batches:
+            self.plane.check_model(self.name, version)  # the version, as the pipeline's
+            return {"model_stats": [stats.stage_json(name, latest)]}
         if name:
             self.plane.check_model(name, version)
-        latest = self.plane.model_metadata(self.name).versions[-1]
-        return {"model_stats": [self.stats.to_json(self.name, latest)]}
+            return {"model_stats": [stats.to_json(self.name, latest)]}
+        stages = [stats.stage_json(s, latest) for s in stats.stage_batches if s != self.name]
+        return {"model_stats": [stats.to_json(self.name, latest), *stages]}
 
     def index(self) -> list[dict[str, str]]:
         state = "READY" if self.plane.ready() else "UNAVAILABLE"

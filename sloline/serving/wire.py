@@ -116,11 +116,16 @@ def identity(raw: bytes) -> bytes:
 # ---------------------------------------------------------------- router side
 
 
-def batch_message(batch_id: int, items: Sequence[Mapping[str, Tensor]]) -> bytes:
-    """The message handing one batch of work items' inputs to a worker."""
+def batch_message(
+    batch_id: int, items: Sequence[Mapping[str, Tensor]], traceparents: Sequence[str] = ()
+) -> bytes:
+    """The message handing one batch of work items' inputs to a worker, with their
+    requests' trace contexts while tracing is on (`tracing.py`)."""
     message = pb.RouterMessage()
     batch = message.batch
     batch.batch_id = batch_id
+    if traceparents:
+        batch.traceparent.extend(traceparents)
     buffers: list[Buffer] = []
     for item in items:
         tensors = batch.items.add().tensors

@@ -4,7 +4,9 @@
 OTLP TraceService (opentelemetry-proto's generated service) on loopback; requests sent
 with a W3C `traceparent` (HTTP header, gRPC metadata) come back as span trees in the
 client's trace: the front door's server span, and under it one span per stage visited,
-with the cascade's `accurate` stage only for the images the fast model is unsure about.
+with the cascade's `accurate` stage only for the images the fast model is unsure about,
+and one span per batch the stage's worker ran for it, exported by the worker process
+(its trace context crossed the worker channel in the batch message).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from tests.support.serve import EXAMPLES
 otlp = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc")
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2  # noqa: E402
 
-SERVER, INTERNAL = 2, 1  # opentelemetry.proto.trace.v1.Span.SpanKind
+SERVER, INTERNAL, CONSUMER = 2, 1, 5  # opentelemetry.proto.trace.v1.Span.SpanKind
+SLACK_NS = 1_000_000  # router and worker convert their clocks to epoch time separately
 
 
 class Receiver(otlp.TraceServiceServicer):  # type: ignore[misc]
@@ -114,7 +117,8 @@ def test_cascade_request_traces_join_the_clients_trace(digits_module, tmp_path: 
 
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not all(
-            len(receiver.trace(t)) >= 4 + (row == unsure) for t, (row, _) in traces.items()
+            len(receiver.trace(t)) >= 1 + 2 * (3 + (row == unsure))
+            for t, (row, _) in traces.items()
         ):
             time.sleep(0.05)
     finally:
@@ -133,11 +137,23 @@ def test_cascade_request_traces_join_the_clients_trace(digits_module, tmp_path: 
             "POST /v2/models/{name}/infer" if door == "http"
             else "inference.GRPCInferenceService/ModelInfer"
         )  # fmt: skip
-        stages = {s.name: s for s in spans if s is not root}
-        expected = {"stage preprocess", "stage fast", "stage combine"}
-        if row == unsure:
-            expected.add("stage accurate")
-        assert set(stages) == expected, (door, row, sorted(stages))
+        stages = {s.name: s for s in spans if s.kind == INTERNAL}
+        workers = {s.name: s for s in spans if s.kind == CONSUMER}
+        assert len(stages) + len(workers) + 1 == len(spans)
+        expected = {"preprocess", "fast", "combine"} | ({"accurate"} if row == unsure else set())
+        assert set(stages) == {f"stage {s}" for s in expected}, (door, row, sorted(stages))
+        assert set(workers) == {f"worker {s}" for s in expected}, (door, row, sorted(workers))
+        for stage in expected:  # the worker's model execution, within the stage visit
+            visit, batch = stages[f"stage {stage}"], workers[f"worker {stage}"]
+            assert batch.parent_span_id == root.span_id
+            assert [link.span_id for link in batch.links] == [root.span_id]
+            assert batch.links[0].trace_id == root.trace_id
+            assert visit.start_time_unix_nano - SLACK_NS <= batch.start_time_unix_nano
+            assert batch.start_time_unix_nano <= batch.end_time_unix_nano
+            assert batch.end_time_unix_nano <= visit.end_time_unix_nano + SLACK_NS
+            attrs = _attrs(batch)
+            assert attrs["sloline.stage"] == stage and attrs["sloline.batch_size"] == 1
+            assert attrs["sloline.service_s"] > 0 and attrs["sloline.worker"]
         for span in stages.values():
             assert span.parent_span_id == root.span_id
             assert root.start_time_unix_nano <= span.start_time_unix_nano

@@ -79,12 +79,14 @@ class WorkerMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., leaving: _Optional[_Union[Leaving, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("batch_id", "items")
+    __slots__ = ("batch_id", "items", "traceparent")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     items: _containers.RepeatedCompositeFieldContainer[Item]
-    def __init__(self, batch_id: _Optional[int] = ..., items: _Optional[_Iterable[_Union[Item, _Mapping]]] = ...) -> None: ...
+    traceparent: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, batch_id: _Optional[int] = ..., items: _Optional[_Iterable[_Union[Item, _Mapping]]] = ..., traceparent: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("error",)
