@@ -263,7 +263,10 @@ def test_a_headless_service_name_resolves_to_each_of_its_pods(
     names = ("all-web", "all-web.default.svc.cluster.local", "ready-web")
     assert resolve_in_a_pod(kube, node, "ask", *names) == [pod_ips(), pod_ips(), "unknown"]
     assert kube.get("services", NS, "all-web")["spec"]["clusterIP"] == "None"
-    assert node.explain_services(NS).count("127.2.") == 0  # nothing for the proxy
+    services = node.explain_services(NS)
+    assert "127.2." not in services  # no cluster IP, nothing for the proxy
+    assert f"service {NS}/ready-web headless: http:80 -> no endpoints" in services
+    assert f"service {NS}/all-web headless: http:80 -> {sorted(pod_ips().split(','))}" in services
 
     kube.kubectl("scale", "deployment/web", "--replicas=3")  # running pods' hosts follow
     wait(kube, node, "deployments", "web", running(3))

@@ -465,19 +465,30 @@ class ProcessKubelet:
         return "\n".join(lines) or f"no pods{f' in {namespace}' if namespace else ''}"
 
     def explain_services(self, namespace: str | None = None) -> str:
-        """The Services (of `namespace`): cluster IP, and per port its endpoints."""
+        """The Services (of `namespace`): cluster IP, and per port its endpoints; for a
+        headless one, its ports and the addresses its name resolves to."""
         lines, table = [], self._proxy.table
         for service in self._services:
             meta, spec = service["metadata"], service.get("spec") or {}
             if namespace not in (None, meta["namespace"]):
                 continue
             ip = spec.get("clusterIP", "")
+            where = f"service {meta['namespace']}/{meta['name']}"
+            if ip == "None":  # headless: what its name resolves to
+                key = (meta["namespace"], meta["name"])
+                found = [a for a, *service_key in self._records if tuple(service_key) == key]
+                ports = ", ".join(
+                    f"{p.get('name', '')}:{p['port']}" for p in spec.get("ports") or []
+                )
+                lines.append(
+                    f"{where} headless: {ports or 'no ports'} -> {found or 'no endpoints'}"
+                )
+                continue
             ports = []
             for port in spec.get("ports") or []:
                 backends = table.get(f"{ip}:{port['port']}") or "no endpoints"
                 ports.append(f"{port.get('name', '')}:{port['port']} -> {backends}")
-            where = f"service {meta['namespace']}/{meta['name']} {ip}"
-            lines.append(f"{where}: {', '.join(ports) or 'no ports'}")
+            lines.append(f"{where} {ip}: {', '.join(ports) or 'no ports'}")
         return "\n".join(lines)
 
     def start_prometheus(
