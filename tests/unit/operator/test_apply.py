@@ -131,3 +131,12 @@ def test_a_service_turning_headless_is_replaced(kube: KubeEmulator) -> None:
     assert report.deleted == ["Service/noop-router-workers"]
     assert report.created == ["Service/noop-router-workers", "Service/noop-router"]
     assert apply(api, [workers, clients]).changed is False
+
+
+def test_the_client_service_of_an_older_operator_stops_publishing_unready_routers() -> None:
+    clients = with_applied_digest(render_router_network(target())[0])
+    live = copy.deepcopy(clients)
+    live["spec"].update(publishNotReadyAddresses=True, clusterIP="10.0.0.5")
+    ops = patch_for(clients, live)
+    assert {"op": "remove", "path": "/spec/publishNotReadyAddresses"} in ops
+    assert not must_replace(clients, live)  # its cluster IP stays
