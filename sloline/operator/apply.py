@@ -9,9 +9,12 @@ stores `1000m` as `1`) or when the rendering itself changed since the last apply
 limit). The patch is a JSON patch that sets exactly the owned fields, so re-applying an
 unchanged rendering sends no write at all.
 
-Worker replicas: `spec.replicas` of a worker Deployment is set when it is created and
-again only when the plan's count for it changes (the `sloline.dev/planned-replicas`
+Replicas: `spec.replicas` of a router or worker Deployment is set when it is created and
+again only when the rendered count changes (the `sloline.dev/planned-replicas`
 annotation records the count last deployed); in between the tuner owns it.
+
+A rendered field the API server will not change in place (`IMMUTABLE`: a Service's
+`clusterIP`, e.g. a Service turning headless) replaces the object: delete, then create.
 
 `prune` deletes objects of a pipeline that the current rendering no longer contains (a
 removed stage's Deployment, profiling Jobs that are done), selected by label and checked
@@ -26,7 +29,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
 from sloline.operator.kube import ApiError, KubeApi, Resource, resource_of
-from sloline.operator.naming import ANNOTATION_PLANNED_REPLICAS, LABEL_COMPONENT, digest
+from sloline.operator.naming import ANNOTATION_PLANNED_REPLICAS, digest
 
 ANNOTATION_APPLIED: Final = "sloline.dev/applied"
 # Fields the operator owns, per kind, besides metadata labels, annotations and owners.
@@ -35,6 +38,7 @@ OWNED: Final[Mapping[str, tuple[tuple[str, ...], ...]]] = {
     # The rendering carries the live token, so data changes only when the key went missing.
     "Secret": (("data",),),
     "NetworkPolicy": (("spec",),),
+    "PodDisruptionBudget": (("spec",),),
     "Service": (
         ("spec", "type"),
         ("spec", "selector"),
@@ -47,6 +51,10 @@ OWNED: Final[Mapping[str, tuple[tuple[str, ...], ...]]] = {
     "Ingress": (("spec",),),
     "HTTPRoute": (("spec",),),
     "GRPCRoute": (("spec",),),
+}
+# Fields that cannot change once set: compared only where the rendering sets them.
+IMMUTABLE: Final[Mapping[str, tuple[tuple[str, ...], ...]]] = {
+    "Service": (("spec", "clusterIP"),),
 }
 
 
@@ -126,15 +134,24 @@ def with_applied_digest(desired: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _sets_replicas(desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
-    """Whether apply owns `spec.replicas` now: always for the router; for a worker only
-    when the plan's count differs from the one last deployed (the tuner owns it between)."""
+    """Whether apply owns `spec.replicas` now: only when the rendered count differs from
+    the one last deployed (the tuner owns it between); always for a Deployment rendered
+    without that annotation."""
     if desired["kind"] != "Deployment" or "replicas" not in desired.get("spec", {}):
         return False
-    if desired["metadata"].get("labels", {}).get(LABEL_COMPONENT) != "worker":
-        return True
     planned = desired["metadata"].get("annotations", {}).get(ANNOTATION_PLANNED_REPLICAS)
+    if planned is None:
+        return True
     deployed = (live["metadata"].get("annotations") or {}).get(ANNOTATION_PLANNED_REPLICAS)
     return bool(planned != deployed)
+
+
+def must_replace(desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
+    """Whether a field of `IMMUTABLE` that the rendering sets differs from the live one."""
+    return any(
+        _get(desired, path) is not None and _get(live, path) != _get(desired, path)
+        for path in IMMUTABLE.get(desired["kind"], ())
+    )
 
 
 def patch_for(desired: Mapping[str, Any], live: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -192,6 +209,12 @@ def apply(api: KubeApi, desired: Iterable[Mapping[str, Any]]) -> ApplyReport:
                 report.created.append(_ref(wanted))
                 continue
         if live is None:
+            continue
+        if must_replace(wanted, live):
+            api.delete(resource, namespace, name)
+            api.create(wanted)
+            report.deleted.append(_ref(wanted))
+            report.created.append(_ref(wanted))
             continue
         ops = patch_for(wanted, live)
         if ops:

@@ -41,6 +41,7 @@ CONFIG_MAPS = Resource("v1", "ConfigMap", "configmaps")
 SERVICES = Resource("v1", "Service", "services")
 SECRETS = Resource("v1", "Secret", "secrets")
 NETWORK_POLICIES = Resource("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
+DISRUPTION_BUDGETS = Resource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 PODS = Resource("v1", "Pod", "pods")
 DEPLOYMENTS = Resource("apps/v1", "Deployment", "deployments")
 JOBS = Resource("batch/v1", "Job", "jobs")
@@ -57,6 +58,7 @@ RESOURCES: Final = {
         SERVICES,
         SECRETS,
         NETWORK_POLICIES,
+        DISRUPTION_BUDGETS,
         PODS,
         DEPLOYMENTS,
         JOBS,

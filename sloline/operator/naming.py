@@ -29,6 +29,11 @@ METRICS_PORT: Final = 8002
 WORKER_PORT: Final = 8003  # the router's WorkerService: workers only (NetworkPolicy, token)
 WORKER_HEALTH_PORT: Final = 8080
 WORKER_GRACE_S: Final = 30
+# A deleted router keeps serving this long before its SIGTERM, while the cluster takes it
+# out of the client Service's endpoints (kube-proxies, load balancers); then it drains
+# (`sloline router --drain-s`, 5 s) and exits, well within its grace period.
+ROUTER_PRESTOP_S: Final = 5
+ROUTER_GRACE_S: Final = 30
 WORKER_TOKEN_KEY: Final = "token"  # noqa: S105 - the key in `<p>-worker-token`
 TMP_DIR: Final = "/tmp"  # noqa: S108 - the one writable path of a read-only root: an emptyDir
 
@@ -73,7 +78,8 @@ def router_name(pipeline: str) -> str:
 
 
 def worker_service_name(pipeline: str) -> str:
-    """The Service that carries only the router's worker port."""
+    """The headless Service that carries only the router's worker port: its name resolves
+    to every router pod, ready or not."""
     return object_name(pipeline, "router-workers")
 
 

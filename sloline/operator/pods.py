@@ -39,6 +39,8 @@ from sloline.operator.naming import (
     METRICS_PORT,
     PIPELINE_FILE,
     PLAN_FILE,
+    ROUTER_GRACE_S,
+    ROUTER_PRESTOP_S,
     SECRETS_DIR,
     TMP_DIR,
     WORKER_GRACE_S,
@@ -314,10 +316,14 @@ def _stage_layer(target: Target, stage: str) -> tuple[str, PodTemplate | None]:
 
 
 def render_router(
-    target: Target, settings: OperatorSettings, config_data: Mapping[str, str]
+    target: Target, settings: OperatorSettings, config_data: Mapping[str, str], replicas: int
 ) -> Manifest:
-    """The router Deployment (one replica: it holds the centralized stage queues); its
-    Services and NetworkPolicy are `sloline.operator.render.render_router_network`."""
+    """The router Deployment: `replicas` routers, each with its own stage queues and every
+    worker connected to all of them. A rollout adds a router before it removes one
+    (`maxUnavailable: 0`); a removed router keeps serving for `ROUTER_PRESTOP_S` while the
+    client Service drops it, then drains on SIGTERM. `replicas` is set like a worker
+    Deployment's (`sloline.dev/planned-replicas`). Its Services, NetworkPolicy and
+    PodDisruptionBudget are in `sloline.operator.render`."""
     name = router_name(target.name)
     pod_labels = labels(target.name, "router")
     volumes, mounts = _volumes(settings, config_map_name(target.name))
@@ -348,8 +354,10 @@ def render_router(
             _port("metrics", METRICS_PORT),
             _port("worker", WORKER_PORT),
         ],
+        # Ready: a worker of every stage connected, not draining, not wedged.
         readinessProbe=_http_probe("/v2/health/ready", probe_port, 2, 3),
         livenessProbe=_http_probe("/v2/health/live", probe_port, 10, 6),
+        lifecycle={"preStop": {"sleep": {"seconds": ROUTER_PRESTOP_S}}},
         volumeMounts=mounts,
     )
     if settings.router.resources:
@@ -361,7 +369,7 @@ def render_router(
         {ANNOTATION_CONFIG_HASH: router_config_hash(config_data)},
         container,
         volumes,
-        terminationGracePeriodSeconds=WORKER_GRACE_S,
+        terminationGracePeriodSeconds=ROUTER_GRACE_S,
     )
     spec = target.graph.pipeline.spec
     template = _shape(
@@ -370,13 +378,16 @@ def render_router(
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": target.metadata(name, pod_labels, {}),
+        "metadata": target.metadata(name, pod_labels, {ANNOTATION_PLANNED_REPLICAS: str(replicas)}),
         "spec": {
-            "replicas": 1,
+            "replicas": replicas,
             "selector": {"matchLabels": selector(target.name, "router")},
-            # Workers stream from one router; two at once would split the stage queues,
-            # so the old router goes before the new one starts.
-            "strategy": {"type": "Recreate"},
+            # A new router is ready once workers of every stage have connected to it; only
+            # then does an old one go, so a rollout never drops below `replicas` ready.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
             "template": template,
         },
     }
@@ -534,7 +545,7 @@ def pod_issues(target: Target, settings: OperatorSettings) -> list[Issue]:
     `pods` (each stage checked on its first allowed hardware class)."""
     spec = target.graph.pipeline.spec
     allowed = spec.hardware or settings.catalog.names()
-    renders: list[Callable[[], object]] = [lambda: render_router(target, settings, {})]
+    renders: list[Callable[[], object]] = [lambda: render_router(target, settings, {}, 1)]
     for stage in target.graph.order:
         hardware = target.graph.stages[stage].spec.hardware or allowed[0]
         renders += [

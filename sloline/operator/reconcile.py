@@ -11,8 +11,9 @@ picks up where the cluster is:
    Jobs run, `Waiting` (the handler retries after `profiling.pollS`);
 3. plan, unless `<p>-config` already holds the plan of the same inputs;
 4. render and apply `<p>-worker-token` (its token made once, then read back), `<p>-config`,
-   the router, its Services and NetworkPolicy, the workers (and the ServiceMonitor, the
-   Ingress and Gateway API routes the pipeline wants), prune what it no longer needs;
+   the routers, their Services, NetworkPolicy and PodDisruptionBudget, the workers (and
+   the ServiceMonitor, the Ingress and Gateway API routes the pipeline wants), prune what
+   it no longer needs;
 5. status: conditions, phase, plan summary, endpoints.
 
 `Waiting` and `Failed` tell the caller how it ended short of a deployment; this module

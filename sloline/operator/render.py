@@ -6,12 +6,13 @@ or reads a clock, so the same inputs always give identical objects: the operator
 step compares what it renders with what is live, and a re-render after a restart changes
 nothing.
 
-This module renders the ConfigMaps, the router's Services and NetworkPolicy, the worker
-token Secret and the ServiceMonitor, and composes everything in `render`; the pods
-(router and worker Deployments, profiling Jobs) are in `sloline.operator.pods`. The
-router's worker port is reached through a Service of its own, only by the pipeline's
-worker pods (a NetworkPolicy) and only with the pipeline's worker token
-(`<p>-worker-token`, a Secret the operator creates once and keeps; `render_worker_secret`).
+This module renders the ConfigMaps, the routers' Services, NetworkPolicy and
+PodDisruptionBudget, the worker token Secret and the ServiceMonitor, and composes
+everything in `render`; the pods (router and worker Deployments, profiling Jobs) are in
+`sloline.operator.pods`. The routers' worker port is reached through a headless Service
+of its own, only by the pipeline's worker pods (a NetworkPolicy) and only with the
+pipeline's worker token (`<p>-worker-token`, a Secret the operator creates once and
+keeps; `render_worker_secret`).
 """
 
 from __future__ import annotations
@@ -92,9 +93,10 @@ def render_profiles_cache(
 
 
 def render_router_network(target: Target) -> list[Manifest]:
-    """The router's Service with the clients' `http` and `grpc` ports and `metrics`, the
-    Service `<p>-router-workers` with only the `worker` port, and the NetworkPolicy that
-    lets only the pipeline's worker pods reach that port."""
+    """The routers' Service with the clients' `http` and `grpc` ports and `metrics` (ready
+    routers only), the headless Service `<p>-router-workers` with only the `worker` port
+    (every router, ready or not), the NetworkPolicy that lets only the pipeline's worker
+    pods reach that port, and the routers' PodDisruptionBudget."""
     name = router_name(target.name)
     pod_labels = labels(target.name, "router")
     ports = [
@@ -106,14 +108,9 @@ def render_router_network(target: Target) -> list[Manifest]:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": target.metadata(name, pod_labels, {}),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector(target.name, "router"),
-            "ports": ports,
-            # The router turns ready only once workers connect, and workers dial it
-            # through this Service: with ready endpoints only, neither would ever start.
-            "publishNotReadyAddresses": True,
-        },
+        # Ready routers only: a router is ready once a worker of every stage is connected
+        # to it, and not while it drains.
+        "spec": {"type": "ClusterIP", "selector": selector(target.name, "router"), "ports": ports},
     }
     worker_service = {
         "apiVersion": "v1",
@@ -124,6 +121,9 @@ def render_router_network(target: Target) -> list[Manifest]:
         ),
         "spec": {
             "type": "ClusterIP",
+            # Headless: the name resolves to every router pod's address, and each worker
+            # connects to all of them (one cluster IP would give it one router).
+            "clusterIP": "None",
             "selector": selector(target.name, "router"),
             "ports": [
                 {
@@ -134,10 +134,34 @@ def render_router_network(target: Target) -> list[Manifest]:
                     "appProtocol": "grpc",
                 }
             ],
-            "publishNotReadyAddresses": True,  # as above: workers make the router ready
+            # A router turns ready only once workers have connected, and workers find it
+            # through this name: with ready addresses only, none would ever start.
+            "publishNotReadyAddresses": True,
         },
     }
-    return [service, worker_service, render_network_policy(target)]
+    return [
+        service,
+        worker_service,
+        render_network_policy(target),
+        render_router_disruption_budget(target),
+    ]
+
+
+def render_router_disruption_budget(target: Target) -> Manifest:
+    """`<p>-router`: voluntary evictions (node drains) take one router at a time, and none
+    while another is not ready. `maxUnavailable: 1` rather than `minAvailable: 1`: with
+    one router the latter would block every drain of its node. A router that is not ready
+    (no workers, wedged) serves no one and may always be evicted."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": target.metadata(router_name(target.name), labels(target.name, "router"), {}),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector(target.name, "router")},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
 
 
 def render_network_policy(target: Target) -> Manifest:
@@ -225,11 +249,11 @@ def render(
     service_monitor: bool = False,
 ) -> list[Manifest]:
     """Everything that serves a planned pipeline: `<p>-worker-token`, `<p>-config`, the
-    router Deployment, its Services and NetworkPolicy, one worker Deployment per stage, and
-    the ServiceMonitor when wanted."""
+    router Deployment, its Services, NetworkPolicy and PodDisruptionBudget, one worker
+    Deployment per stage, and the ServiceMonitor when wanted."""
     config = render_config_map(target, plan, plan_inputs)
     out = [render_worker_secret(target, worker_token), config]
-    out.append(render_router(target, settings, config["data"]))
+    out.append(render_router(target, settings, config["data"], settings.router.replicas))
     out += render_router_network(target)
     out += [
         render_worker(target, settings, s.name, s.hardware, s.replicas)

@@ -104,6 +104,12 @@ class TunerOverrides(SettingsModel):
 
 
 class RouterDeploymentSettings(SettingsModel):
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="routers per pipeline (every worker connects to each of them)",
+    )
     resources: dict[str, dict[str, str | int]] = Field(default_factory=dict)
 
 

@@ -315,6 +315,7 @@ def test_cluster_role_grants_only_what_the_operator_uses(
         "pods": read,
         "secrets": {"get", "create", "patch"},  # the worker token: by name, never listed
         "networking.k8s.io/networkpolicies": {"get", "create", "patch"},
+        "policy/poddisruptionbudgets": {"get", "create", "patch"},
         "apps/deployments": read | write,
         "apps/deployments/scale": {"get", "patch"},
         "batch/jobs": read | {"create", "delete"},

@@ -210,6 +210,102 @@ def test_service_names_resolve_in_pods_and_cluster_ips_proxy_from_the_test(
     assert done["status"]["succeeded"] == 1 and done["status"]["completionTime"]
 
 
+def resolve_in_a_pod(
+    kube: KubeEmulator, node: ProcessKubelet, job_name: str, *names: str
+) -> list[str]:
+    """What `getaddrinfo` answers for each name inside a pod: its addresses, sorted and
+    comma-joined, or `unknown`."""
+    script = (
+        "import socket\n"
+        "def ask(name):\n"
+        "    try:\n"
+        "        found = socket.getaddrinfo(name, 80, type=socket.SOCK_STREAM)\n"
+        "    except socket.gaierror:\n"
+        "        return 'unknown'\n"
+        "    return ','.join(sorted({a[4][0] for a in found}))\n"
+        f"answers = [ask(n) for n in {list(names)!r}]\n"
+        "open('/dev/termination-log', 'w').write(' | '.join(answers))\n"
+    )
+    kube.create(job(job_name, script))
+    done = wait(kube, node, "jobs", job_name, finished)
+    assert condition(done, "Complete")["status"] == "True", node.explain()
+    (result,) = terminated(kube, job_name)
+    return list(result["message"].split(" | "))
+
+
+def test_a_headless_service_name_resolves_to_each_of_its_pods(
+    kube: KubeEmulator, node: ProcessKubelet
+) -> None:
+    """`clusterIP: None`: no cluster IP, no proxy; in a pod, `getaddrinfo` answers the
+    name with every endpoint pod's IP: not-ready ones too with
+    `publishNotReadyAddresses`, only ready ones without it."""
+    never_ready = {"readinessProbe": {"exec": {"command": ["false"]}, "periodSeconds": 1}}
+    kube.create(server("web", replicas=2, **never_ready))
+    for name, everyone in (("all-web", True), ("ready-web", False)):
+        headless = service("web")
+        headless["metadata"]["name"] = name
+        headless["spec"].update(clusterIP="None", publishNotReadyAddresses=everyone)
+        kube.create(headless)
+
+    def pod_ips() -> str:
+        return ",".join(
+            sorted(p["status"]["podIP"] for p in kube.list("pods", NS, labels="app=web"))
+        )
+
+    def running(n: int) -> Callable[[dict[str, Any]], bool]:
+        def check(_: dict[str, Any]) -> bool:
+            pods = kube.list("pods", NS, labels="app=web")
+            return len(pods) == n and all((p.get("status") or {}).get("podIP") for p in pods)
+
+        return check
+
+    wait(kube, node, "deployments", "web", running(2))
+    names = ("all-web", "all-web.default.svc.cluster.local", "ready-web")
+    assert resolve_in_a_pod(kube, node, "ask", *names) == [pod_ips(), pod_ips(), "unknown"]
+    assert kube.get("services", NS, "all-web")["spec"]["clusterIP"] == "None"
+    services = node.explain_services(NS)
+    assert "127.2." not in services  # no cluster IP, nothing for the proxy
+    assert f"service {NS}/ready-web headless: http:80 -> no endpoints" in services
+    assert f"service {NS}/all-web headless: http:80 -> {sorted(pod_ips().split(','))}" in services
+
+    kube.kubectl("scale", "deployment/web", "--replicas=3")  # running pods' hosts follow
+    wait(kube, node, "deployments", "web", running(3))
+    (answer,) = resolve_in_a_pod(kube, node, "ask-again", "all-web")
+    assert answer == pod_ips() and answer.count(",") == 2
+
+
+def test_a_pre_stop_sleep_runs_before_sigterm(kube: KubeEmulator, node: ProcessKubelet) -> None:
+    """A deleted pod leaves its Services' endpoints at once; its container gets SIGTERM
+    only after the preStop `sleep`, within the grace period."""
+    script = SERVER.replace(
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))",
+        "import time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (print('SIGTERM', time.monotonic(),"
+        " flush=True), sys.exit(0)))",
+    )
+    pause = {"lifecycle": {"preStop": {"sleep": {"seconds": 3}}}}
+    deployment = server("web", command=["python", "-c", script], **pause)
+    deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 10
+    kube.create(deployment)
+    kube.create(service("web"))
+    wait(kube, node, "deployments", "web", ready_replicas(1))
+    (pod,) = kube.list("pods", NS, labels="app=web")
+    name, endpoint = pod["metadata"]["name"], f"{pod['status']['podIP']}:8080"
+    deadline = time.monotonic() + 10
+    while endpoint not in node.service_endpoints(NS, "web", "http"):
+        assert time.monotonic() < deadline, node.explain_services(NS)
+        time.sleep(0.05)
+    deleted_at = time.monotonic()
+    kube.delete("pods", NS, name)
+    while endpoint in node.service_endpoints(NS, "web", "http"):
+        assert time.monotonic() < deleted_at + 10, node.explain_services(NS)
+        time.sleep(0.05)
+    kube.wait_gone("pods", NS, name, timeout_s=20)
+    (log,) = node.logs(NS, name)
+    (line,) = [line for line in log.read_text().splitlines() if line.startswith("SIGTERM")]
+    assert float(line.split()[1]) - deleted_at >= 3.0, line
+
+
 def test_scaling_changes_processes_and_ready_replicas(
     kube: KubeEmulator, node: ProcessKubelet
 ) -> None:

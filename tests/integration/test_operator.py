@@ -206,11 +206,13 @@ def test_lifecycle_create_profile_plan_deploy_change_delete(cluster: KubeEmulato
             (owner,) = obj["metadata"]["ownerReferences"]
             assert (owner["uid"], owner["controller"]) == (uid, True)
             assert obj["metadata"]["labels"]["sloline.dev/pipeline"] == "noop"
-        # The worker channel: its token Secret, Service and NetworkPolicy, owned (GC'd).
+        # The worker channel (its token Secret, headless Service and NetworkPolicy) and
+        # the routers' PodDisruptionBudget, owned (GC'd).
         for kind, name in (
             ("secrets", "noop-worker-token"),
             ("services", "noop-router-workers"),
             ("networkpolicies", "noop-router"),
+            ("poddisruptionbudgets", "noop-router"),
         ):
             (owner,) = kube.get(kind, NS, name)["metadata"]["ownerReferences"]
             assert (owner["uid"], owner["controller"]) == (uid, True)
@@ -326,7 +328,7 @@ def test_reconciling_twice_writes_nothing(cluster: KubeEmulator) -> None:
     before = probe("before")
     report = reconcile(context, kube.get(PIPELINE, NS, "noop"), lambda *e: posted.append(e))
     assert probe("after") == before + 1, "the second reconcile wrote something"
-    assert not report.changed and len(report.unchanged) == 9
+    assert not report.changed and len(report.unchanged) == 10
     assert posted == []
     # The worker token was made once and is kept; a Secret that lost it gets a new one.
     assert kube.get("secrets", NS, "noop-worker-token")["data"]["token"] == token

@@ -1,7 +1,9 @@
 """The real kube-apiserver's PodSecurity admission admits every pod the operator renders
 into a namespace that enforces `restricted`: defaults, a GPU class, and a pipeline with
 every pod-template field set (docs/kubernetes.md, "Shaping pods"); a pod the pipeline
-opted out of the check for is refused, so the check is not vacuous.
+opted out of the check for is refused, so the check is not vacuous. The routers'
+Services, NetworkPolicy and PodDisruptionBudget are accepted as rendered, and what the
+apiserver stores needs no patch from apply.
 
 Runs on the real control plane of docs/e2e.md ("Real control plane"; scripts/cluster.py
 with its own record in a temp dir), skipped where its binaries are not built. Pods are
@@ -25,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from sloline.operator.apply import must_replace, patch_for, with_applied_digest
 from sloline.operator.naming import Target
 from sloline.operator.planning import profile_tasks
 from sloline.operator.pods import render_profiling_job
@@ -221,3 +224,33 @@ def test_the_apiserver_accepts_the_crd_and_a_pipeline_with_every_field(
         **given["exposure"],
         "ingress": {**given["exposure"]["ingress"], "path": "/"},
     }
+
+
+def test_the_apiserver_accepts_the_routers_services_and_disruption_budget(
+    restricted: str, kubeconfig: str
+) -> None:
+    t = Target.of(pipeline_object(NOOP))
+    settings = parse_settings({"router": {"replicas": 2}})
+    rendered = render(t, make_plan(t, "cpu-1"), settings, worker_token="t")  # noqa: S106
+    network = [
+        with_applied_digest(o)
+        for o in rendered
+        if o["kind"] in ("Service", "NetworkPolicy", "PodDisruptionBudget")
+    ]
+    assert sorted(o["kind"] for o in network) == [
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "Service",
+        "Service",
+    ]
+    for obj in network:
+        name = f"{obj['kind']}/{obj['metadata']['name']}"
+        result = kubectl(
+            kubeconfig, "create", "--dry-run=server", "-o", "json", "-f", "-", stdin=obj
+        )
+        assert result.returncode == 0, (name, result.stderr)
+        stored = json.loads(result.stdout)
+        assert patch_for(obj, stored) == [], (name, stored)
+        assert not must_replace(obj, stored), name
+    workers = next(o for o in network if o["metadata"]["name"] == "noop-router-workers")
+    assert workers["spec"]["clusterIP"] == "None"

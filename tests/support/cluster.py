@@ -109,7 +109,11 @@ class EmulatedCluster:
         if (reason := unsupported_reason()) is not None:
             pytest.skip(f"no local stand-in cluster: {reason}")
         self.kube = self._stack.enter_context(KubeEmulator(self.workdir / "kube"))
-        self.node = self._stack.enter_context(ProcessKubelet(self.kube, self.workdir / "node"))
+        # The local Python environment stands for the images: its PYTHONPATH too.
+        python_path = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
+        self.node = self._stack.enter_context(
+            ProcessKubelet(self.kube, self.workdir / "node", extra_env=python_path)
+        )
         # The Prometheus Operator's API, so the operator renders ServiceMonitors.
         self.kube.register_crd(copy.deepcopy(SERVICE_MONITOR_CRD))
         self.prometheus = self.node.start_prometheus(port=self._prometheus_port)

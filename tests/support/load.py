@@ -6,8 +6,13 @@ Open loop: a request is sent when its arrival time comes, whether or not earlier
 have been answered, so a slow server builds a queue (and a tail) as real traffic would.
 The sender runs in its own process (`python -m tests.support.load`), so the test
 process's threads (the API emulator, the kubelet) never delay it; it reads `rate <rps>`
-and `stop` lines on stdin and writes one `<sent at> <latency or error>` line per answer
-(times on the shared monotonic clock).
+and `stop` lines on stdin and writes one `<sent at> <latency> <retries>` or `<sent at>
+error <message>` line per answer (times on the shared monotonic clock).
+
+An answer of UNAVAILABLE (a router that stopped admitting: 503 + Retry-After, or that
+closed its port) is retried, as a client behind a Service does, with a backoff from
+50 ms doubling to 1 s, `max_retries` times at most; each request records its retries
+and its latency from the first attempt, so a test can tell where they happened.
 """
 
 from __future__ import annotations
@@ -29,11 +34,13 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class Sent:
-    """One request: when it was sent (monotonic s), its latency (None if it failed)."""
+    """One request: when it was sent (monotonic s), its latency (None if it failed), how
+    often it was retried after UNAVAILABLE."""
 
     at_s: float
     latency_s: float | None
     error: str = ""
+    retries: int = 0
 
 
 class OpenLoopLoad:
@@ -50,12 +57,13 @@ class OpenLoopLoad:
         *,
         seed: int = 0,
         timeout_ms: int = 30_000,
+        max_retries: int = 10,
     ) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="load-")
         rows_file = Path(self._dir.name) / "rows.npy"
         np.save(rows_file, rows)
         config = {"url": url, "model": model, "input": input_name, "rows": str(rows_file),
-                  "seed": seed, "timeout_ms": timeout_ms}  # fmt: skip
+                  "seed": seed, "timeout_ms": timeout_ms, "max_retries": max_retries}  # fmt: skip
         self._process = subprocess.Popen(
             [sys.executable, "-m", "tests.support.load", json.dumps(config)],
             cwd=Path(__file__).resolve().parents[2],
@@ -98,7 +106,8 @@ class OpenLoopLoad:
             if rest.startswith("error "):
                 self._sent.append(Sent(float(at), None, rest[6:]))
             else:
-                self._sent.append(Sent(float(at), float(rest)))
+                latency, retries = rest.split()
+                self._sent.append(Sent(float(at), float(latency), retries=int(retries)))
 
     def __enter__(self) -> OpenLoopLoad:
         return self
@@ -155,6 +164,7 @@ async def _send(config: dict[str, object]) -> None:
 
     rows = np.load(str(config["rows"])).astype(np.float32)
     rng = np.random.default_rng(int(str(config["seed"])))
+    max_retries = int(str(config["max_retries"]))
     state = {"rate": 0.0, "stop": False}
     loop = asyncio.get_running_loop()
     commands = asyncio.StreamReader()
@@ -171,13 +181,20 @@ async def _send(config: dict[str, object]) -> None:
     async def one(client: grpcaio.InferenceServerClient, index: int) -> None:
         pixels = grpcaio.InferInput(str(config["input"]), [1, *rows.shape[1:]], "FP32")
         pixels.set_data_from_numpy(rows[index % len(rows)][None])
-        sent = time.monotonic()
-        try:
-            parameters = {"timeout_ms": int(str(config["timeout_ms"]))}
-            await client.infer(str(config["model"]), [pixels], parameters=parameters)
-            print(f"{sent:.6f} {time.monotonic() - sent:.6f}", flush=False)
-        except InferenceServerException as exc:
-            print(f"{sent:.6f} error {' '.join(str(exc).split())}", flush=False)
+        parameters = {"timeout_ms": int(str(config["timeout_ms"]))}
+        sent, retries, backoff_s = time.monotonic(), 0, 0.05
+        while True:
+            try:
+                await client.infer(str(config["model"]), [pixels], parameters=parameters)
+                print(f"{sent:.6f} {time.monotonic() - sent:.6f} {retries}", flush=False)
+                return
+            except InferenceServerException as exc:
+                if exc.status() != "StatusCode.UNAVAILABLE" or retries >= max_retries:
+                    print(f"{sent:.6f} error {' '.join(str(exc).split())}", flush=False)
+                    return
+            retries += 1
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(1.0, backoff_s * 2)
 
     async def flush() -> None:  # answers reach the test within 0.2 s
         while True:

@@ -24,6 +24,7 @@ BUILTINS = {
          "serviceaccounts", "endpoints"},
     "apps": {"deployments", "replicasets", "statefulsets"},
     "networking.k8s.io": {"networkpolicies"},
+    "policy": {"poddisruptionbudgets"},
     "batch": {"jobs"},
     "coordination.k8s.io": {"leases"},
     "events.k8s.io": {"events"},

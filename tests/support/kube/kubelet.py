@@ -50,7 +50,13 @@ from typing import Any, Self
 from tests.support.kube.controllers import FINALIZER, Controllers
 from tests.support.kube.kinds import ApiError
 from tests.support.kube.monitoring import file_sd_jobs, service_monitor_targets, write_targets
-from tests.support.kube.network import AddressPool, ProxyProcess, hosts_text, proxy_table
+from tests.support.kube.network import (
+    AddressPool,
+    ProxyProcess,
+    dns_records,
+    hosts_text,
+    proxy_table,
+)
 from tests.support.kube.podspec import Obj
 from tests.support.kube.runtime import LAUNCH_NAMESPACES, Node, PodRuntime, tool, utc_now
 from tests.support.prometheus import Prometheus
@@ -115,7 +121,7 @@ class ProcessKubelet:
         self._dirty: set[str] = set()
         self._launched: list[PodRuntime] = []
         self._services: list[Obj] = []
-        self._services_key = ""
+        self._records: list[tuple[str, str, str]] = []  # what the hosts files say
         self._prometheus: list[Prometheus] = []
         self._thread = threading.Thread(target=self._run, name="process-kubelet", daemon=True)
         self._ready = threading.Event()
@@ -209,7 +215,7 @@ class ProcessKubelet:
         pods = self.api.list("pods")
         self._controllers.sync(deployments, jobs, pods)
         services = self._assign_cluster_ips(self.api.list("services"))
-        self._sync_pods(pods, services)
+        self._sync_pods(pods)
         self._sync_network(services, pods)
         monitors = self._list_if_served("servicemonitors")
         write_targets(self.targets_file, service_monitor_targets(monitors, services, pods))
@@ -224,7 +230,7 @@ class ProcessKubelet:
         found: Obj | None = self.api.find(resource, namespace, name)
         return found
 
-    def _sync_pods(self, pods: list[Obj], services: list[Obj]) -> None:
+    def _sync_pods(self, pods: list[Obj]) -> None:
         present = set()
         for pod in pods:
             meta = pod["metadata"]
@@ -235,7 +241,7 @@ class ProcessKubelet:
                 if meta.get("deletionTimestamp"):
                     self._release(pod)
                 elif (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                    self._start_pod(pod, services)
+                    self._start_pod(pod)
             elif meta.get("deletionTimestamp") and uid not in self._stopping_pods:
                 self._stopping_pods[uid] = asyncio.create_task(self._stop_pod(runtime, pod))
             if uid in self._dirty and uid in self._runtimes:
@@ -244,14 +250,14 @@ class ProcessKubelet:
             if uid not in present and uid not in self._stopping_pods:
                 self._stopping_pods[uid] = asyncio.create_task(self._stop_pod(runtime))
 
-    def _start_pod(self, pod: Obj, services: list[Obj]) -> None:
+    def _start_pod(self, pod: Obj) -> None:
         meta = pod["metadata"]
         ip = self._pod_ips.allocate()
         runtime = PodRuntime(self._node, pod, ip, lambda: self._changed(meta["uid"]))
         self._runtimes[meta["uid"]] = runtime
         self._launched.append(runtime)
         self.log(f"{runtime.key}: starting on {ip}")
-        runtime.start(hosts_text(meta["name"], ip, meta["namespace"], services))
+        runtime.start(hosts_text(meta["name"], ip, meta["namespace"], self._records))
         self._write_status(runtime)
 
     async def _stop_pod(self, runtime: PodRuntime, pod: Obj | None = None) -> None:
@@ -341,12 +347,13 @@ class ProcessKubelet:
     def _sync_network(self, services: list[Obj], pods: list[Obj]) -> None:
         for error in self._proxy.update(proxy_table(services, pods)):
             self.log(f"kube-proxy: {error}")
-        key = json.dumps([(s["metadata"], s["spec"].get("clusterIP")) for s in services])
-        if key != self._services_key:
-            self._services_key, self._services = key, services
+        self._services = services
+        records = dns_records(services, pods)
+        if records != self._records:
+            self._records = records
             for runtime in self._runtimes.values():
                 runtime.update_hosts(
-                    hosts_text(runtime.name, runtime.ip, runtime.namespace, services)
+                    hosts_text(runtime.name, runtime.ip, runtime.namespace, records)
                 )
 
     # -- the node, its host-side traces ---------------------------------------------------
@@ -458,19 +465,30 @@ class ProcessKubelet:
         return "\n".join(lines) or f"no pods{f' in {namespace}' if namespace else ''}"
 
     def explain_services(self, namespace: str | None = None) -> str:
-        """The Services (of `namespace`): cluster IP, and per port its endpoints."""
+        """The Services (of `namespace`): cluster IP, and per port its endpoints; for a
+        headless one, its ports and the addresses its name resolves to."""
         lines, table = [], self._proxy.table
         for service in self._services:
             meta, spec = service["metadata"], service.get("spec") or {}
             if namespace not in (None, meta["namespace"]):
                 continue
             ip = spec.get("clusterIP", "")
+            where = f"service {meta['namespace']}/{meta['name']}"
+            if ip == "None":  # headless: what its name resolves to
+                key = (meta["namespace"], meta["name"])
+                found = [a for a, *service_key in self._records if tuple(service_key) == key]
+                ports = ", ".join(
+                    f"{p.get('name', '')}:{p['port']}" for p in spec.get("ports") or []
+                )
+                lines.append(
+                    f"{where} headless: {ports or 'no ports'} -> {found or 'no endpoints'}"
+                )
+                continue
             ports = []
             for port in spec.get("ports") or []:
                 backends = table.get(f"{ip}:{port['port']}") or "no endpoints"
                 ports.append(f"{port.get('name', '')}:{port['port']} -> {backends}")
-            where = f"service {meta['namespace']}/{meta['name']} {ip}"
-            lines.append(f"{where}: {', '.join(ports) or 'no ports'}")
+            lines.append(f"{where} {ip}: {', '.join(ports) or 'no ports'}")
         return "\n".join(lines)
 
     def start_prometheus(

@@ -5,7 +5,8 @@ Pods share the host's network namespace, each with its own loopback address (the
 `127.1.x.y` by default): servers that bind `$(POD_IP)`, as sloline's do, can all use the
 same port numbers. A server that binds 0.0.0.0 takes its port on every pod address, which
 no real cluster does: two such pods, or one beside pods using the port on their own
-address, conflict. Services get a cluster IP (`127.2.x.y`) on which the proxy listens.
+address, conflict. Services get a cluster IP (`127.2.x.y`) on which the proxy listens;
+a headless Service (`clusterIP: None`) gets none, and its name resolves to its pods.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ HOSTS_HEADER = """# Kubernetes-managed hosts file (the process kubelet).
 127.0.0.1\tlocalhost
 ::1\tlocalhost ip6-localhost ip6-loopback
 """
+# Every pod's /etc/host.conf: glibc answers a name from every hosts line that has it
+# (with `multi off` only from the first), as DNS answers every A record.
+HOST_CONF = "multi on\n"
 
 
 class AddressPool:
@@ -60,10 +64,9 @@ def pod_ready(pod: Obj) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def endpoints(service: Obj, pods: Iterable[Obj]) -> list[tuple[Obj, Obj, int]]:
-    """(service port, pod, target port) for every endpoint of the Service: pods of its
-    namespace that match its selector, have an IP and are ready (or not, with
-    `publishNotReadyAddresses`), are not terminating, and have the port."""
+def endpoint_pods(service: Obj, pods: Iterable[Obj]) -> list[Obj]:
+    """The pods behind a Service: of its namespace, matching its selector, with an IP,
+    ready (or not, with `publishNotReadyAddresses`) and not terminating."""
     spec, meta = service.get("spec") or {}, service["metadata"]
     selector = spec.get("selector")
     if not selector:
@@ -72,14 +75,22 @@ def endpoints(service: Obj, pods: Iterable[Obj]) -> list[tuple[Obj, Obj, int]]:
     for pod in pods:
         labels = pod["metadata"].get("labels") or {}
         if (
-            pod["metadata"].get("namespace") != meta["namespace"]
-            or any(labels.get(k) != v for k, v in selector.items())
-            or pod["metadata"].get("deletionTimestamp")
-            or not (pod.get("status") or {}).get("podIP")
-            or not (spec.get("publishNotReadyAddresses") or pod_ready(pod))
+            pod["metadata"].get("namespace") == meta["namespace"]
+            and all(labels.get(k) == v for k, v in selector.items())
+            and not pod["metadata"].get("deletionTimestamp")
+            and (pod.get("status") or {}).get("podIP")
+            and (spec.get("publishNotReadyAddresses") or pod_ready(pod))
         ):
-            continue
-        for port in spec.get("ports") or []:
+            out.append(pod)
+    return out
+
+
+def endpoints(service: Obj, pods: Iterable[Obj]) -> list[tuple[Obj, Obj, int]]:
+    """(service port, pod, target port) for every endpoint of the Service: its
+    `endpoint_pods` that have the port."""
+    out = []
+    for pod in endpoint_pods(service, pods):
+        for port in (service.get("spec") or {}).get("ports") or []:
             target = resolve_port(pod, port.get("targetPort", port["port"]))
             if target is not None:
                 out.append((port, pod, target))
@@ -101,19 +112,36 @@ def proxy_table(services: Iterable[Obj], pods: list[Obj]) -> dict[str, list[str]
     return {k: sorted(v) for k, v in sorted(table.items())}
 
 
-def hosts_text(pod_name: str, pod_ip: str, namespace: str, services: Iterable[Obj]) -> str:
-    """The pod's /etc/hosts: itself, and every Service with a cluster IP under the names
-    cluster DNS gives it (the short name only within the pod's namespace, as the
-    `<ns>.svc.cluster.local` search domain would resolve it)."""
+def dns_records(services: Iterable[Obj], pods: Iterable[Obj]) -> list[tuple[str, str, str]]:
+    """(address, namespace, Service name) for what cluster DNS answers: a Service's
+    cluster IP, or for a headless Service (`clusterIP: None`) the IP of each of its
+    `endpoint_pods`, one record per pod."""
+    pods = list(pods)
+    records = []
+    for service in sorted(
+        services, key=lambda s: (s["metadata"]["namespace"], s["metadata"]["name"])
+    ):
+        meta, spec = service["metadata"], service.get("spec") or {}
+        cluster_ip = spec.get("clusterIP")
+        if cluster_ip == "None":
+            ips = sorted({p["status"]["podIP"] for p in endpoint_pods(service, pods)})
+        else:
+            ips = [cluster_ip] if cluster_ip else []
+        records += [(ip, meta["namespace"], meta["name"]) for ip in ips]
+    return records
+
+
+def hosts_text(
+    pod_name: str, pod_ip: str, namespace: str, records: Iterable[tuple[str, str, str]]
+) -> str:
+    """The pod's /etc/hosts: itself, and every DNS record (`dns_records`) under the names
+    cluster DNS gives its Service (the short name only within the pod's namespace, as the
+    `<ns>.svc.cluster.local` search domain would resolve it). A name on several lines
+    resolves to all of them (`multi on`, `HOST_CONF`), as a headless Service's does."""
     lines = [HOSTS_HEADER.rstrip("\n"), f"{pod_ip}\t{pod_name}"]
-    by_name = sorted(services, key=lambda s: (s["metadata"]["namespace"], s["metadata"]["name"]))
-    for service in by_name:
-        cluster_ip = (service.get("spec") or {}).get("clusterIP")
-        if not cluster_ip or cluster_ip == "None":
-            continue
-        name, ns = service["metadata"]["name"], service["metadata"]["namespace"]
+    for ip, ns, name in records:
         names = [f"{name}.{ns}", f"{name}.{ns}.svc", f"{name}.{ns}.svc.cluster.local"]
-        lines.append("\t".join([cluster_ip, *([name] if ns == namespace else []), *names]))
+        lines.append("\t".join([ip, *([name] if ns == namespace else []), *names]))
     return "\n".join(lines) + "\n"
 
 

@@ -8,12 +8,14 @@ restarts and the Pod status a kubelet reports.
   (ContainerCreating) until it appears; other volume types keep it Pending with a
   message saying they are not emulated.
 - Each container gets, besides its volumeMounts: a private writable /tmp (the image's
-  writable layer; the images' WORKDIR and HOME), the pod's hosts file at /etc/hosts, the
+  writable layer; the images' WORKDIR and HOME), the pod's hosts file at /etc/hosts (and
+  an /etc/host.conf that makes a name on several lines resolve to all of them), the
   service-account folder (a kubeconfig, as `$KUBECONFIG`, instead of a token) and its own
   termination-message file at `terminationMessagePath`.
-- Stop: SIGTERM to the container's PID 1, SIGKILL to its whole PID namespace after the
-  grace period. Restarts (restartPolicy Always, OnFailure on failure) back off
-  exponentially from `restart_backoff_s`; liveness and startup failures restart too.
+- Stop: a preStop `sleep` hook, then SIGTERM to the container's PID 1, SIGKILL to its
+  whole PID namespace once the grace period (the hook's time included) is over.
+  Restarts (restartPolicy Always, OnFailure on failure) back off exponentially from
+  `restart_backoff_s`; liveness and startup failures restart too.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.kube.network import HOST_CONF
 from tests.support.kube.podspec import (
     ConfigError,
     Obj,
@@ -224,6 +227,15 @@ class Container:
         if why:
             self._kill_reason = why
             self.pod.node.log(f"{self.pod.key}/{self.name}: stopping ({why})")
+        # A preStop `sleep` runs first, inside the grace period (other hooks: not emulated).
+        pause = ((self.spec.get("lifecycle") or {}).get("preStop") or {}).get("sleep") or {}
+        if pause:
+            started = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.shield(process.wait()), min(grace_s, pause["seconds"])
+                )
+            grace_s = max(0.0, grace_s - (time.monotonic() - started))
         pid1 = await self._pid1(process.pid)
         if pid1 is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -299,6 +311,8 @@ class Container:
             target = mount["mountPath"]
             mounts.append({"source": str(source), "target": target, "readOnly": read_only})
         mounts.append({"source": str(self.pod.hosts_path), "target": "/etc/hosts"})
+        host_conf = str(self.pod.dir / "host.conf")
+        mounts.append({"source": host_conf, "target": "/etc/host.conf", "readOnly": True})
         if self.pod.service_account:
             account = str(self.pod.dir / "serviceaccount")
             mounts.append({"source": account, "target": SERVICE_ACCOUNT_DIR, "readOnly": True})
@@ -408,6 +422,7 @@ class PodRuntime:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.node.workdir / "logs").mkdir(parents=True, exist_ok=True)
         self.hosts_path.write_text(hosts_text)
+        (self.dir / "host.conf").write_text(HOST_CONF)
         status = {**(self.object.get("status") or {}), "podIP": self.ip, "hostIP": "127.0.0.1"}
         self.object = {**self.object, "status": status}
         self._task = asyncio.create_task(self._run())

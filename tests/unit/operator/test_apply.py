@@ -1,14 +1,18 @@
 """Apply's comparison: only rendered fields count, quantities compare by value, a removed
-key is noticed, and worker replicas belong to the tuner between plans."""
+key is noticed, router and worker replicas belong to the tuner between plans, and a
+field that cannot change in place replaces its object."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
-from sloline.operator.apply import covers, patch_for, with_applied_digest
-from sloline.operator.pods import render_worker
+from sloline.operator.apply import apply, covers, must_replace, patch_for, with_applied_digest
+from sloline.operator.kube import KubeApi
+from sloline.operator.pods import render_router, render_worker
+from sloline.operator.render import render_router_network
 from sloline.operator.settings import OperatorSettings
+from tests.support.kube import KubeEmulator
 from tests.unit.operator.helpers import gpu_settings, target
 
 
@@ -87,3 +91,52 @@ def test_a_removed_key_is_noticed_through_the_applied_digest() -> None:
     assert covers(live, without_digest)
     template = next(op for op in patch_for(desired, live) if op["path"] == "/spec/template")
     assert "nodeSelector" not in template["value"]["spec"]
+
+
+def router(replicas: int) -> dict[str, Any]:
+    return with_applied_digest(render_router(target(), OperatorSettings(), {}, replicas))
+
+
+def test_router_replicas_are_kept_until_the_rendered_count_changes() -> None:
+    desired = router(2)
+    live = live_copy(desired)
+    live["spec"]["replicas"] = 3  # scaled between plans
+    assert patch_for(desired, live) == []
+    ops = patch_for(router(4), live)
+    assert {"op": "add", "path": "/spec/replicas", "value": 4} in ops
+    # A router Deployment of an older operator (one replica, no annotation) is resized.
+    del live["metadata"]["annotations"]["sloline.dev/planned-replicas"]
+    live["spec"]["replicas"] = 1
+    assert {"op": "add", "path": "/spec/replicas", "value": 2} in patch_for(desired, live)
+
+
+def test_a_service_turning_headless_is_replaced(kube: KubeEmulator) -> None:
+    """The workers' Service of an older operator had a cluster IP, which the API server
+    will not change in place: apply deletes it and creates the headless one."""
+    t = target()
+    clients, workers = render_router_network(t)[:2]
+    assert not must_replace(
+        clients, {**clients, "spec": {**clients["spec"], "clusterIP": "10.0.0.9"}}
+    )
+    old = copy.deepcopy(workers)
+    old["spec"].pop("clusterIP")
+    old["spec"]["clusterIP"] = "10.0.0.7"
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": t.namespace}})
+    kube.create(old)
+    api = KubeApi.connect(str(kube.kubeconfig_path))
+    report = apply(api, [workers, clients])
+    live = kube.get("services", t.namespace, workers["metadata"]["name"])
+    assert live["spec"]["clusterIP"] == "None"
+    assert live["spec"]["publishNotReadyAddresses"] is True
+    assert report.deleted == ["Service/noop-router-workers"]
+    assert report.created == ["Service/noop-router-workers", "Service/noop-router"]
+    assert apply(api, [workers, clients]).changed is False
+
+
+def test_the_client_service_of_an_older_operator_stops_publishing_unready_routers() -> None:
+    clients = with_applied_digest(render_router_network(target())[0])
+    live = copy.deepcopy(clients)
+    live["spec"].update(publishNotReadyAddresses=True, clusterIP="10.0.0.5")
+    ops = patch_for(clients, live)
+    assert {"op": "remove", "path": "/spec/publishNotReadyAddresses"} in ops
+    assert not must_replace(clients, live)  # its cluster IP stays

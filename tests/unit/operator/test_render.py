@@ -76,6 +76,7 @@ def test_every_builtin_object_validates_strictly(case: str) -> None:
         "Job",
         "Secret",
         "NetworkPolicy",
+        "PodDisruptionBudget",
     }
     for obj in builtin:
         kubernetes_validate.validate(obj, "1.37", strict=True)
@@ -193,7 +194,6 @@ def test_contract_commands_ports_and_mounts() -> None:
         ("grpc", 8001),
         ("metrics", 8002),
     ]
-    assert service["spec"]["publishNotReadyAddresses"] is True
     workers = find(objects, "Service", "noop-router-workers")
     assert [(p["name"], p["port"]) for p in workers["spec"]["ports"]] == [("worker", 8003)]
     assert workers["spec"]["selector"] == service["spec"]["selector"]
@@ -227,6 +227,64 @@ def test_contract_commands_ports_and_mounts() -> None:
     config = find(objects, "ConfigMap", "noop-config")
     assert set(config["data"]) == {"pipeline.yaml", "plan.json"}
     assert json.loads(config["data"]["plan.json"])["pipeline"] == "noop"
+
+
+def test_many_routers_roll_one_at_a_time_behind_ready_only_services() -> None:
+    """N routers: a rolling update that adds a router before removing one, a preStop
+    pause inside the grace period, one voluntary eviction at a time, the clients' Service
+    with ready routers only, and the workers' Service headless over every router."""
+    t = Target.of(pipeline_object(NOOP))
+    settings = OperatorSettings.model_validate({"router": {"replicas": 3}})
+    objects = everything(t, settings, "cpu-1")
+    deployment = find(objects, "Deployment", "noop-router")
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["metadata"]["annotations"]["sloline.dev/planned-replicas"] == "3"
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pod = deployment["spec"]["template"]["spec"]
+    (router,) = pod["containers"]
+    assert router["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    pause = router["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain_s = 5  # `sloline router --drain-s`, its default (the router's args leave it)
+    assert "--drain-s" not in router["args"]
+    assert pause >= 1 and pause + drain_s < pod["terminationGracePeriodSeconds"]
+    budget = find(objects, "PodDisruptionBudget", "noop-router")
+    assert budget["spec"] == {
+        "maxUnavailable": 1,
+        "selector": deployment["spec"]["selector"],
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
+    }
+    clients = find(objects, "Service", "noop-router")
+    assert "publishNotReadyAddresses" not in clients["spec"]
+    assert "clusterIP" not in clients["spec"]
+    workers = find(objects, "Service", "noop-router-workers")
+    assert workers["spec"]["clusterIP"] == "None"
+    assert workers["spec"]["publishNotReadyAddresses"] is True
+    for service in (clients, workers):
+        assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    (worker,) = containers(find(objects, "Deployment", "noop-s2"))
+    assert worker["args"][worker["args"].index("--router") + 1] == "noop-router-workers:8003"
+    # The NetworkPolicy still admits only the pipeline's workers to the worker port.
+    policy = find(objects, "NetworkPolicy", "noop-router")["spec"]
+    assert policy["podSelector"] == deployment["spec"]["selector"]
+    worker_rule = next(r for r in policy["ingress"] if "from" in r)
+    assert worker_rule["ports"] == [{"protocol": "TCP", "port": 8003}]
+    assert worker_rule["from"] == [
+        {
+            "podSelector": {
+                "matchLabels": {
+                    "sloline.dev/pipeline": "noop",
+                    "app.kubernetes.io/component": "worker",
+                }
+            }
+        }
+    ]
+    assert all("from" not in r and 8003 not in {p["port"] for p in r["ports"]}
+               for r in policy["ingress"] if r is not worker_rule)  # fmt: skip
+    one = find(everything(t, OperatorSettings(), "cpu-1"), "Deployment", "noop-router")
+    assert one["spec"]["replicas"] == 1
 
 
 def test_a_fixed_hop_setting_skips_the_jobs_hop_probe() -> None:
