@@ -249,11 +249,13 @@ def render(
     service_monitor: bool = False,
 ) -> list[Manifest]:
     """Everything that serves a planned pipeline: `<p>-worker-token`, `<p>-config`, the
-    router Deployment, its Services, NetworkPolicy and PodDisruptionBudget, one worker
-    Deployment per stage, and the ServiceMonitor when wanted."""
+    router Deployment (the plan's routers, at least `router.replicas`), its Services,
+    NetworkPolicy and PodDisruptionBudget, one worker Deployment per stage, and the
+    ServiceMonitor when wanted."""
     config = render_config_map(target, plan, plan_inputs)
     out = [render_worker_secret(target, worker_token), config]
-    out.append(render_router(target, settings, config["data"], settings.router.replicas))
+    routers = max(plan.routers, settings.router.replicas)
+    out.append(render_router(target, settings, config["data"], routers))
     out += render_router_network(target)
     out += [
         render_worker(target, settings, s.name, s.hardware, s.replicas)

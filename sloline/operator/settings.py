@@ -108,7 +108,8 @@ class RouterDeploymentSettings(SettingsModel):
         default=1,
         ge=1,
         le=64,
-        description="routers per pipeline (every worker connects to each of them)",
+        description="the fewest routers per pipeline (every worker connects to each); the "
+        "plan and the tuner may run more",
     )
     resources: dict[str, dict[str, str | int]] = Field(default_factory=dict)
 

@@ -29,7 +29,7 @@ import yaml
 from sloline.operator import kube
 from sloline.operator.kube import KubeApi
 from sloline.operator.metrics import OperatorMetrics
-from sloline.operator.naming import config_map_name, worker_name
+from sloline.operator.naming import config_map_name, router_name, worker_name
 from sloline.operator.settings import OperatorSettings
 from sloline.planner.plan import Plan
 from sloline.spec import PipelineGraph, parse_pipeline
@@ -40,6 +40,7 @@ from sloline.tuner.sources import (
     StageTuning,
     Tuner,
     pipeline_selector,
+    router_tuning,
     stage_tunings,
     urllib_get_json,
 )
@@ -65,8 +66,9 @@ def tuning_for(
 
 
 class DeploymentActuator:
-    """Replica counts of worker Deployments: `spec.replicas` through `/scale`, and
-    `status.readyReplicas`. Blocking API calls run in worker threads."""
+    """Replica counts of worker Deployments and of the router Deployment: `spec.replicas`
+    through `/scale`, and `status.readyReplicas`. Blocking API calls run in worker
+    threads."""
 
     def __init__(
         self,
@@ -81,21 +83,32 @@ class DeploymentActuator:
         self._on_desired = on_desired
 
     async def scale(self, stage: str, replicas: int) -> None:
-        name = worker_name(self._pipeline, stage)
+        await self._scale(worker_name(self._pipeline, stage), replicas)
+        self._on_desired(stage, replicas)
+
+    async def replicas(self, stage: str) -> tuple[int, int]:
+        desired, ready = await self._replicas(worker_name(self._pipeline, stage))
+        self._on_desired(stage, desired)
+        return desired, ready
+
+    async def scale_routers(self, routers: int) -> None:
+        await self._scale(router_name(self._pipeline), routers)
+
+    async def routers(self) -> tuple[int, int]:
+        return await self._replicas(router_name(self._pipeline))
+
+    async def _scale(self, name: str, replicas: int) -> None:
         body = {"spec": {"replicas": replicas}}
         await asyncio.to_thread(
             self._api.patch, kube.DEPLOYMENTS, self._namespace, name, body, subresource="scale"
         )
-        self._on_desired(stage, replicas)
 
-    async def replicas(self, stage: str) -> tuple[int, int]:
-        name = worker_name(self._pipeline, stage)
+    async def _replicas(self, name: str) -> tuple[int, int]:
         found = await asyncio.to_thread(self._api.get, kube.DEPLOYMENTS, self._namespace, name)
         if found is None:
             raise LookupError(f"Deployment {self._namespace}/{name} does not exist (yet)")
         desired = int((found.get("spec") or {}).get("replicas") or 0)
         ready = int((found.get("status") or {}).get("readyReplicas") or 0)
-        self._on_desired(stage, desired)
         return desired, ready
 
 
@@ -179,6 +192,13 @@ class TunerDaemon:
             on_decision=self._decided(
                 ctx.metrics.tuner.recorder(ctx.pipeline, self._stages, namespace=ctx.namespace)
             ),
+            routers=router_tuning(
+                plan,
+                graph.pipeline.spec.stages,
+                max_routers=ctx.settings.tuner.max_replicas,
+                min_routers=ctx.settings.router.replicas,
+            ),
+            router_actuator=actuator,
         )
         _LOG.info("%s/%s: tuning %s", ctx.namespace, ctx.pipeline, self._stages)
 

@@ -332,12 +332,12 @@ class RouterTuning:
 
 
 def router_tuning(
-    plan: Plan, stages: Sequence[StageSpec], *, max_routers: int
+    plan: Plan, stages: Sequence[StageSpec], *, max_routers: int, min_routers: int = 1
 ) -> RouterTuning | None:
     """The routers' tuning parameters from the plan, or None where the plan does not
-    model the router's CPU (no μ_router). Bounds: 1 and ``max_routers`` (at least the
-    planned count). A plan at one router left them at their floor, and their rho is made
-    effective as a floor stage's (:func:`effective_rhos`, beside the stages')."""
+    model the router's CPU (no μ_router). Bounds: ``min_routers`` and ``max_routers``
+    (at least the planned count). A plan at one router left them at their floor, and
+    their rho is made effective as a floor stage's (:func:`effective_rhos`, beside the stages')."""
     if plan.router_throughput_rps <= 0.0:
         return None
     spec = {s.name: s for s in stages}
@@ -346,7 +346,8 @@ def router_tuning(
         [*(s.rho for s in plan.stages), plan.router_rho],
         [*(s.replicas <= f for s, f in zip(plan.stages, floors, strict=True)), plan.routers <= 1],
     )
-    return RouterTuning(1, max(max_routers, plan.routers), plan.router_throughput_rps, rhos[-1])
+    top = max(max_routers, plan.routers, min_routers)
+    return RouterTuning(min_routers, top, plan.router_throughput_rps, rhos[-1])
 
 
 class Tuner:

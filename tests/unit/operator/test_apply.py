@@ -12,6 +12,7 @@ from sloline.operator.kube import KubeApi
 from sloline.operator.pods import render_router, render_worker
 from sloline.operator.render import render_router_network
 from sloline.operator.settings import OperatorSettings
+from sloline.operator.tuner import DeploymentActuator
 from tests.support.kube import KubeEmulator
 from tests.unit.operator.helpers import gpu_settings, target
 
@@ -140,3 +141,16 @@ def test_the_client_service_of_an_older_operator_stops_publishing_unready_router
     ops = patch_for(clients, live)
     assert {"op": "remove", "path": "/spec/publishNotReadyAddresses"} in ops
     assert not must_replace(clients, live)  # its cluster IP stays
+
+
+async def test_the_tuners_actuator_reads_and_scales_the_router_deployment(
+    kube: KubeEmulator,
+) -> None:
+    t = target()
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": t.namespace}})
+    kube.create(render_router(t, OperatorSettings(), {}, 2))
+    actuator = DeploymentActuator(KubeApi.connect(str(kube.kubeconfig_path)), t.namespace, t.name)
+    assert (await actuator.routers())[0] == 2
+    await actuator.scale_routers(4)
+    assert kube.get("deployments", t.namespace, "noop-router")["spec"]["replicas"] == 4
+    assert (await actuator.routers())[0] == 4

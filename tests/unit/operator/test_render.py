@@ -5,6 +5,7 @@ one stage rolls only that stage (plus the ConfigMap and the router that read the
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from typing import Any
@@ -430,3 +431,15 @@ def test_observability_settings_reach_every_pipeline_pod() -> None:
     assert build_parser().parse_args(router["args"]).command == "router"
     with pytest.raises(ValueError, match="logFormat"):
         parse_settings({"observability": {"logFormat": "xml"}})
+
+
+def test_the_plans_router_count_is_rendered_with_the_setting_as_a_floor() -> None:
+    t = Target.of(pipeline_object(NOOP))
+    plan = dataclasses.replace(make_plan(t), routers=3)
+
+    def routers(settings: OperatorSettings) -> int:
+        objects = render(t, plan, settings, worker_token=TOKEN)
+        return int(find(objects, "Deployment", "noop-router")["spec"]["replicas"])
+
+    assert routers(OperatorSettings()) == 3
+    assert routers(OperatorSettings.model_validate({"router": {"replicas": 5}})) == 5
