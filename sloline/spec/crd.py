@@ -3,9 +3,9 @@
 The JSON Schema pydantic produces is turned into a Kubernetes *structural* OpenAPI v3
 schema: references inlined, `anyOf [X, null]` -> `X` + `nullable`, open maps marked
 `x-kubernetes-preserve-unknown-fields`, 2020-12 `exclusiveMinimum` -> OpenAPI 3.0 form.
-Cross-field rules the schema cannot say are CEL `x-kubernetes-validations`. The Helm
-chart's `crds/` holds the output (the one copy in the repository); a test regenerates it
-and fails on any drift.
+Cross-field rules the schema cannot say are CEL `x-kubernetes-validations`. The
+sloline-crds chart holds the output in `helm/sloline-crds/files/` (the one copy in the
+repository); a test regenerates it and fails on any drift.
 """
 
 from __future__ import annotations

@@ -172,19 +172,22 @@ class Story:
     # -- the steps --------------------------------------------------------------------------
 
     def install(self, values: dict[str, Any] | None = None) -> None:
-        """`helm template` the chart, then the CRDs and the operator through kubectl."""
+        """`helm template` the charts, then the CRD and the operator through kubectl."""
         values = merged(merged(STORY_VALUES, values or {}), self.cluster.values())
         (self.workdir / "values.yaml").write_text(yaml.safe_dump(values))
         if not HELM.exists():
             pytest.skip("helm is not installed (make .tools/bin/helm)")
-        rendered = subprocess.run(
-            [str(HELM), "template", "sloline", str(ROOT / "helm" / "sloline"),
-             "--namespace", SYSTEM, "--include-crds", "-f", str(self.workdir / "values.yaml")],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-        documents = [d for d in yaml.safe_load_all(rendered) if d]
-        crds = [d for d in documents if d["kind"] == "CustomResourceDefinition"]
-        rest = [d for d in documents if d["kind"] != "CustomResourceDefinition"]
+
+        def template(release: str, *args: str) -> list[dict[str, Any]]:
+            rendered = subprocess.run(
+                [str(HELM), "template", release, str(ROOT / "helm" / release),
+                 "--namespace", SYSTEM, *args],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            return [d for d in yaml.safe_load_all(rendered) if d]
+
+        crds = template("sloline-crds")
+        rest = template("sloline", "-f", str(self.workdir / "values.yaml"))
         namespaces = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
                       for n in (SYSTEM, NS)]  # fmt: skip
         for name, docs in (("namespaces", namespaces), ("crds", crds), ("operator", rest)):
