@@ -205,9 +205,10 @@ class Story:
         self.wait("the operator's Deployment is ready", operator_ready, 90)
         self.timeline.mark("operator ready")
 
-    def deploy_pipeline(self, ready_timeout_s: float = 120) -> None:
-        """`kubectl apply` the example; profiling Jobs, the plan, router and workers."""
-        self.cluster.kubectl("apply", "-n", NS, "-f", str(EXAMPLE))
+    def deploy_pipeline(self, ready_timeout_s: float = 120, manifest: Path = EXAMPLE) -> None:
+        """`kubectl apply` the example (or `manifest`, the example changed); profiling Jobs,
+        the plan, router and workers."""
+        self.cluster.kubectl("apply", "-n", NS, "-f", str(manifest))
         jobs_seen: set[str] = set()
 
         def profiled() -> bool:

@@ -109,7 +109,12 @@ class EmulatedCluster:
         if (reason := unsupported_reason()) is not None:
             pytest.skip(f"no local stand-in cluster: {reason}")
         self.kube = self._stack.enter_context(KubeEmulator(self.workdir / "kube"))
-        self.node = self._stack.enter_context(ProcessKubelet(self.kube, self.workdir / "node"))
+        # The images carry the code under test: a checkout run with PYTHONPATH (a git
+        # worktree beside the editable install) hands it to the containers too.
+        code = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+        self.node = self._stack.enter_context(
+            ProcessKubelet(self.kube, self.workdir / "node", extra_env=code)
+        )
         # The Prometheus Operator's API, so the operator renders ServiceMonitors.
         self.kube.register_crd(copy.deepcopy(SERVICE_MONITOR_CRD))
         self.prometheus = self.node.start_prometheus(port=self._prometheus_port)
