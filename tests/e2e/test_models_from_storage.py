@@ -177,15 +177,17 @@ def test_a_wrong_checksum_fails_the_pipeline_with_a_clear_condition(
     assert failed["message"] == (
         f"stage fast: checksum mismatch for {FAST_URI}: sha256 is {real}, the spec says {wrong}"
     )
-    status = story.wait(
-        "the pipeline fails",
-        lambda: (s := story.pipeline().get("status") or {}).get("phase") == "Failed" and s,
-        60,
+    status = story.pipeline()["status"]
+    assert status["phase"] == "Failed", status
+    ready = story.condition("Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ChecksumMismatch"), ready
+    assert ready["message"] == failed["message"]
+    # Then the profiling Jobs, their initializers failed, report the same line.
+    profiled = story.wait(
+        "the profiling Jobs fail",
+        lambda: (p := story.condition("Profiled")).get("reason") == "ProfilingFailed" and p,
+        120,
     )
-    conditions = {c["type"]: c for c in status["conditions"]}
-    assert conditions["Ready"]["status"] == "False", conditions
-    assert conditions["Ready"]["reason"] == "ChecksumMismatch"
-    assert conditions["Profiled"]["reason"] == "ProfilingFailed"
     # Every profiling pod fetches every stage's model: the Jobs fail with the same line.
-    assert f"on cpu-1: ChecksumMismatch: {failed['message']}" in conditions["Profiled"]["message"]
+    assert f"on cpu-1: ChecksumMismatch: {failed['message']}" in profiled["message"]
     story.timeline.mark("a wrong checksum fails the pipeline")
