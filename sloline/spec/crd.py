@@ -139,7 +139,7 @@ CONDITION_SCHEMA: dict[str, Any] = {
         "type": {
             "type": "string",
             "maxLength": 316,
-            "description": "Valid, Profiled, Planned or Ready.",
+            "description": "Valid, Profiled, Planned, ModelsReady or Ready.",
         },
         "status": {
             "type": "string",
@@ -188,7 +188,10 @@ STATUS_SCHEMA: dict[str, Any] = {
         },
         "conditions": {
             "type": "array",
-            "description": "Valid, Profiled, Planned and Ready, as Kubernetes conditions.",
+            "description": (
+                "Valid, Profiled, Planned, ModelsReady (models from storage) and Ready, as "
+                "Kubernetes conditions."
+            ),
             "items": CONDITION_SCHEMA,
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
