@@ -21,7 +21,7 @@ from sloline.operator.naming import (
     STORAGE_INITIALIZER,
 )
 from sloline.planner.plan import Plan
-from sloline.spec.storage import CHECKSUM_MISMATCH, read_termination_message
+from sloline.spec.storage import CHECKSUM_MISMATCH, FETCH_FAILED, read_termination_message
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 CONDITION_TYPES: Final = ("Valid", "Profiled", "Planned", "ModelsReady", "Ready")
@@ -236,13 +236,16 @@ def with_models(
 ) -> dict[str, Any]:
     """`status` with the ModelsReady condition from `pods` (unchanged when none of them
     fetches a model: the condition stays as the last pods left it). A failed fetch also
-    makes Ready False with its reason, unless the pipeline serves (Ready True)."""
+    makes Ready False with its reason, unless the pipeline serves (Ready True); once the
+    pods fetch again, Ready waits for them instead (the Deployments decide the rest)."""
     found = models_readiness(pods)
     if found is None:
         return dict(status)
     generation = int(status.get("observedGeneration") or 0)
     updates: list[tuple[str, ConditionStatus, str, str]] = [("ModelsReady", *found)]
-    ready = condition(status, "Ready")
-    if found[0] == "False" and (ready is None or ready.get("status") != "True"):
+    ready = condition(status, "Ready") or {}
+    if found[0] == "False" and ready.get("status") != "True":
         updates.append(("Ready", *found))
+    elif found[0] != "False" and ready.get("reason") in (CHECKSUM_MISMATCH, FETCH_FAILED):
+        updates.append(("Ready", "False", "Waiting", f"waiting for the pods: {found[2]}"))
     return with_conditions(status, updates, generation=generation, now=now)

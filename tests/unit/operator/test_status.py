@@ -234,4 +234,6 @@ def test_a_failed_fetch_makes_the_pipeline_not_ready_and_a_mismatch_failed() -> 
     # Fixed: the new pods fetched; no pod fetching leaves the condition as it was.
     fixed = with_models(status, [pod("b", "fast", {"state": ended(0)})], now=T2)
     assert cond(fixed, "ModelsReady")["status"] == "True"
+    assert (cond(fixed, "Ready")["status"], cond(fixed, "Ready")["reason"]) == ("False", "Waiting")
+    assert fixed["phase"] != "Failed"
     assert with_models(fixed, [], now=T2) == fixed
