@@ -206,6 +206,9 @@ def test_a_checksum_mismatch_names_the_stage_uri_and_both_digests() -> None:
         f"stage fast: checksum mismatch for {URI}: sha256 is {'a' * 64}, the spec says {'b' * 64}"
     )
     assert models([crashing])[:2] == ("False", "FetchFailed")
+    # Pods failing the same way (a worker and the profiling pods) say it once.
+    same = pod("e", "preprocess", {"state": ended(1, MISMATCH)})
+    assert models([failed, same])[2] == message.split("; ")[1]
     # A crash with the log's tail as its message, and one with no message at all.
     tail = pod("c", "fast", {"state": ended(137, "Traceback ...\nMemoryError\n")})
     assert models([tail])[1:] == ("FetchFailed", "pod c: MemoryError")
