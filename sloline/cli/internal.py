@@ -27,28 +27,54 @@ def _add_fetch_models_parser(sub: argparse._SubParsersAction[argparse.ArgumentPa
     p = sub.add_parser(
         "fetch-models",
         help=argparse.SUPPRESS,
-        description="Fetch a stage's model from storage into a model cache (the Kubernetes "
-        "storage initializer).",
+        description="Fetch stages' models from storage into a model cache (the Kubernetes "
+        "storage initializer), in order, stopping at the first failure, which is written "
+        f"to $SLOLINE_TERMINATION_LOG (default {DEFAULT_TERMINATION_LOG}) as one line: "
+        "'ChecksumMismatch: stage S: ...' or 'FetchFailed: stage S: ...'.",
     )
-    p.add_argument("--uri", required=True, help="the stage's storageUri")
-    p.add_argument("--sha256", default=None, help="the expected SHA-256 (hex)")
+    p.add_argument(
+        "--model", action="append", required=True, metavar="STAGE=URI",
+        help="a stage's storageUri (repeatable)",
+    )  # fmt: skip
+    p.add_argument("--sha256", action="append", default=[], metavar="STAGE=HEX",
+                   help="that stage's expected SHA-256")  # fmt: skip
+    p.add_argument("--source", action="append", default=[], metavar="STAGE=URI",
+                   help="read that stage's model from this file:// URI instead")  # fmt: skip
     p.add_argument("--into", required=True, type=Path, help="the model cache directory")
-    p.add_argument("--source", default=None, help="read from this file:// URI instead")
     p.set_defaults(func=cmd_fetch_models)
 
 
-def cmd_fetch_models(args: argparse.Namespace) -> int:
-    from sloline.spec.storage import StorageError, fetch
+def _by_stage(flag: str, values: list[str]) -> dict[str, str]:
+    """`STAGE=VALUE` flags as a dict; a malformed one is a flag error."""
+    found = {}
+    for value in values:
+        stage, sep, rest = value.partition("=")
+        if not sep or not stage or not rest:
+            raise flag_error(flag, f"{value!r}: expected STAGE=VALUE")
+        found[stage] = rest
+    return found
 
-    try:
-        path = fetch(args.uri, args.sha256, args.into, args.source)
-    except StorageError as exc:
-        message = f"sloline fetch-models: {exc}"
-        print(message, file=sys.stderr)
-        with contextlib.suppress(OSError):  # the pod's reason, where Kubernetes shows it
-            Path(DEFAULT_TERMINATION_LOG).write_text(message)
-        return 1
-    print(f"fetched {args.uri} into {path}")
+
+def cmd_fetch_models(args: argparse.Namespace) -> int:
+    import os
+
+    from sloline.spec.storage import StorageError, fetch, termination_message
+
+    models = _by_stage("--model", args.model)
+    sums, sources = _by_stage("--sha256", args.sha256), _by_stage("--source", args.source)
+    for flag, given in (("--sha256", sums), ("--source", sources)):
+        if unknown := sorted(set(given) - set(models)):
+            raise flag_error(flag, f"names stages without --model: {', '.join(unknown)}")
+    for stage, uri in models.items():
+        try:
+            path = fetch(uri, sums.get(stage), args.into, sources.get(stage))
+        except StorageError as exc:
+            print(f"sloline fetch-models: stage {stage}: {exc}", file=sys.stderr)
+            out = Path(os.environ.get("SLOLINE_TERMINATION_LOG") or DEFAULT_TERMINATION_LOG)
+            with contextlib.suppress(OSError):  # the pod's reason, which the operator reports
+                out.write_text(termination_message(exc, stage))
+            return 1
+        print(f"stage {stage}: fetched {uri} into {path}")
     return 0
 
 

@@ -11,6 +11,9 @@ globals, and two operators (a test's restart) never share state.
   it with `kopf.PermanentError` until the object changes again, and so does any other
   exception (`InternalError`: logged once with its traceback, reported on the object).
 - Deployment events (objects managed by the operator): the owner's Ready condition.
+- Pod events (pods with a storage initializer): the owner's ModelsReady condition, from
+  the initializers' states and termination messages (a checksum mismatch, a failed
+  fetch), and Ready with it while the pipeline does not serve.
 - the tuner daemon, one per pipeline, when `prometheusUrl` is set.
 
 Events on the pipeline are sloline's own (`InvalidSpec`, `Profiling`, `ProfilingFailed`,
@@ -30,9 +33,14 @@ import kopf
 
 from sloline.operator import kube
 from sloline.operator.kube import ApiError, KubeApi
-from sloline.operator.naming import LABEL_PIPELINE, MANAGER, managed_selector
+from sloline.operator.naming import (
+    LABEL_PIPELINE,
+    MANAGER,
+    STORAGE_INITIALIZER,
+    managed_selector,
+)
 from sloline.operator.reconcile import Failed, OperatorContext, Waiting, reconcile, update_status
-from sloline.operator.status import condition, with_readiness
+from sloline.operator.status import condition, with_models, with_readiness
 from sloline.operator.tuner import DaemonContext, TunerDaemon
 from sloline.tuner.sources import GetJson, urllib_get_json
 
@@ -94,6 +102,29 @@ def _poster(body: kopf.Body) -> Callable[[str, str, str], None]:
     return event
 
 
+def _fetches_a_model(body: kopf.Body, **_: Any) -> bool:
+    init = (body.get("spec") or {}).get("initContainers") or []
+    return any(c.get("name") == STORAGE_INITIALIZER for c in init)
+
+
+def _report_models(ctx: OperatorContext, body: kopf.Body) -> None:
+    """ModelsReady (and Ready) of the pod's pipeline from its pods' storage initializers."""
+    pipeline = (body.metadata.labels or {}).get(LABEL_PIPELINE)
+    namespace = body.metadata.namespace
+    if not pipeline or not namespace:
+        return
+
+    def change(old: Mapping[str, Any]) -> dict[str, Any]:
+        pods = ctx.api.list(kube.PODS, namespace, managed_selector(pipeline))
+        new = with_models(old, pods, now=ctx.now())
+        deployments = ctx.api.list(kube.DEPLOYMENTS, namespace, managed_selector(pipeline))
+        if deployments and condition(old, "Ready") is not None:  # deployed
+            new = with_readiness(new, deployments, now=ctx.now())
+        return new
+
+    update_status(ctx, namespace, pipeline, change)
+
+
 def build_registry(
     ctx: OperatorContext, *, get_json: GetJson = urllib_get_json
 ) -> kopf.OperatorRegistry:
@@ -149,6 +180,18 @@ def build_registry(
             return with_readiness(old, listed, now=ctx.now())
 
         update_status(ctx, namespace, pipeline, change)
+
+    @kopf.on.event(
+        "",
+        "v1",
+        "pods",
+        id="models",
+        labels={"app.kubernetes.io/managed-by": MANAGER},
+        when=_fetches_a_model,
+        registry=registry,
+    )
+    def pod_changed(body: kopf.Body, **_: Any) -> None:
+        _report_models(ctx, body)
 
     if ctx.settings.prometheus_url:
 

@@ -36,6 +36,8 @@ ROUTER_PRESTOP_S: Final = 5
 ROUTER_GRACE_S: Final = 30
 WORKER_TOKEN_KEY: Final = "token"  # noqa: S105 - the key in `<p>-worker-token`
 TMP_DIR: Final = "/tmp"  # noqa: S108 - the one writable path of a read-only root: an emptyDir
+# The init container that fetches a stage's model from storage (its `storageUri`).
+STORAGE_INITIALIZER: Final = "storage-initializer"
 
 MANAGER: Final = "sloline-operator"
 LABEL_PIPELINE: Final = "sloline.dev/pipeline"

@@ -42,6 +42,7 @@ from sloline.operator.naming import (
     ROUTER_GRACE_S,
     ROUTER_PRESTOP_S,
     SECRETS_DIR,
+    STORAGE_INITIALIZER,
     TMP_DIR,
     WORKER_GRACE_S,
     WORKER_HEALTH_PORT,
@@ -227,42 +228,56 @@ def _pod_template(
 
 
 MODEL_CACHE_DIR = "/var/cache/sloline/models"
-MODEL_SOURCE_DIR = "/var/cache/sloline/source"  # a pvc:// claim, for the initializer
+MODEL_SOURCE_DIR = (
+    "/var/cache/sloline/source"  # pvc:// claims (`<dir>/<claim>`), for the initializer
+)
 ANNOTATION_STORAGE_SECRET = "sloline.dev/storage-secret"  # noqa: S105 (a name, not a secret)
 
 
 def _with_model_storage(
-    template: dict[str, Any], target: Target, settings: OperatorSettings, stage: str
+    template: dict[str, Any], target: Target, settings: OperatorSettings, stages: Sequence[str]
 ) -> dict[str, Any]:
-    """`template` with a `storage-initializer` init container when the stage's model
-    comes from storage: it runs `sloline fetch-models` into an emptyDir that the stage's
-    container reads as its model cache. Credentials (AWS_ACCESS_KEY_ID, ...) come from
-    the Secret named by the pipeline's `sloline.dev/storage-secret` annotation; a
-    `pvc://` claim is mounted read-only into the init container, which copies from it."""
-    model = target.graph.stages[stage].spec.model
-    if model.storage_uri is None:
+    """`template` with a `storage-initializer` init container when a model of `stages`
+    comes from storage: it runs `sloline fetch-models` into an emptyDir that the pod's
+    container reads as its model cache (a worker fetches its stage's model, a profiling
+    pod every stage's: it runs the whole pipeline on the samples). Credentials
+    (AWS_ACCESS_KEY_ID, ...) come from the Secret named by the pipeline's
+    `sloline.dev/storage-secret` annotation; a `pvc://` claim is mounted read-only into
+    the init container, which copies from it."""
+    models = [(s, target.graph.stages[s].spec.model) for s in stages]
+    fetched = [(s, m.storage_uri, m.sha256) for s, m in models if m.storage_uri is not None]
+    if not fetched:
         return template
-    args = ["fetch-models", "--uri", model.storage_uri, "--into", MODEL_CACHE_DIR]
-    if model.sha256:
-        args += ["--sha256", model.sha256]
+    args = ["fetch-models", "--into", MODEL_CACHE_DIR]
     mount = {"name": "model-cache", "mountPath": MODEL_CACHE_DIR}
     mounts: list[dict[str, Any]] = [mount, {"name": "tmp", "mountPath": TMP_DIR}]
     volumes: list[dict[str, Any]] = [{"name": "model-cache", "emptyDir": {}}]
-    claim = urllib.parse.urlsplit(model.storage_uri)
-    if claim.scheme == "pvc":  # mount the claim; the initializer copies the file from it
-        source = {"claimName": claim.netloc, "readOnly": True}
-        volumes.append({"name": "model-source", "persistentVolumeClaim": source})
-        mounts.append({"name": "model-source", "mountPath": MODEL_SOURCE_DIR, "readOnly": True})
-        args += ["--source", f"file://{MODEL_SOURCE_DIR}{claim.path}"]
+    claims: list[str] = []
+    for stage, uri, sha256 in fetched:
+        args += ["--model", f"{stage}={uri}"]
+        if sha256:
+            args += ["--sha256", f"{stage}={sha256}"]
+        claim = urllib.parse.urlsplit(uri)
+        if claim.scheme == "pvc":  # mount the claim; the initializer copies the file from it
+            if claim.netloc not in claims:
+                claims.append(claim.netloc)
+                name, path = f"model-source-{len(claims)}", f"{MODEL_SOURCE_DIR}/{claim.netloc}"
+                source = {"claimName": claim.netloc, "readOnly": True}
+                volumes.append({"name": name, "persistentVolumeClaim": source})
+                mounts.append({"name": name, "mountPath": path, "readOnly": True})
+            args += ["--source", f"{stage}=file://{MODEL_SOURCE_DIR}/{claim.netloc}{claim.path}"]
     extra: dict[str, Any] = {}
     secret = target.graph.pipeline.metadata.annotations.get(ANNOTATION_STORAGE_SECRET)
     if secret:
         extra["envFrom"] = [{"secretRef": {"name": secret}}]
     init = _container(
-        "storage-initializer",
+        STORAGE_INITIALIZER,
         settings,
         args,
         volumeMounts=mounts,
+        # fetch-models writes its one-line reason there; a crash leaves the log's tail
+        terminationMessagePath="/dev/termination-log",
+        terminationMessagePolicy="FallbackToLogsOnError",
         **extra,
     )
     spec = template["spec"]
@@ -459,7 +474,7 @@ def render_worker(
         terminationGracePeriodSeconds=WORKER_GRACE_S,
         **_placement(hw),
     )
-    template = _with_model_storage(template, target, settings, stage)
+    template = _with_model_storage(template, target, settings, [stage])
     template = _shape(template, target, settings, f"{stage} worker", _stage_layer(target, stage))
     meta = target.metadata(
         worker_name(target.name, stage), pod_labels, {ANNOTATION_PLANNED_REPLICAS: str(replicas)}
@@ -516,7 +531,7 @@ def render_profiling_job(
     template = _pod_template(
         pod_labels, annotations, container, volumes, restartPolicy="Never", **_placement(hw)
     )
-    template = _with_model_storage(template, target, settings, stage)
+    template = _with_model_storage(template, target, settings, target.graph.order)
     template = _shape(
         template,
         target,

@@ -73,6 +73,7 @@ from sloline.operator.status import (
     plan_summary,
     utc_now,
     with_conditions,
+    with_models,
     with_readiness,
 )
 from sloline.planner.plan import Plan
@@ -119,6 +120,7 @@ class StatusChanges:
     conditions: list[Update] = field(default_factory=list)
     fields: dict[str, Any] = field(default_factory=dict)
     deployed: bool = False  # then Ready comes from the Deployments as they are at the write
+    storage: bool = False  # a stage's model comes from storage: ModelsReady from the pods
 
     def set(self, type_: str, value: ConditionStatus, reason: str, message: str) -> None:
         self.conditions.append((type_, value, reason, message))
@@ -172,6 +174,9 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], event: EventFn) -> 
 
     def change(old: Mapping[str, Any]) -> dict[str, Any]:
         new = changes.apply_to(old, ctx.now())
+        if changes.storage:  # ModelsReady from the pods' storage initializers
+            pods = ctx.api.list(kube.PODS, namespace, managed_selector(name))
+            new = with_models(new, pods, now=ctx.now())
         if changes.deployed:  # Ready from the Deployments as they are at this write
             listed = ctx.api.list(kube.DEPLOYMENTS, namespace, managed_selector(name))
             new = with_readiness(new, listed, now=ctx.now())
@@ -179,6 +184,7 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], event: EventFn) -> 
 
     try:
         target = _validate(ctx, body, changes, event)
+        changes.storage = any(s.spec.model.storage_uri for s in target.graph.stages.values())
         tasks = profile_tasks(target, ctx.settings)
         dataflow = dataflow_digest(target, ctx.settings)
         cache = _profile(ctx, target, tasks, dataflow, changes, event)
@@ -235,8 +241,14 @@ def _job_state(job: Mapping[str, Any]) -> str:
 
 
 def _termination(pod: Mapping[str, Any]) -> tuple[int, str] | None:
-    """(exit code, message) of the pod's terminated container, if it terminated."""
-    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+    """(exit code, message) of the pod's terminated container, if it terminated, or of
+    its failed init container (the storage initializer's reason: the pod never ran)."""
+    status = pod.get("status") or {}
+    for container in status.get("initContainerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated is not None and int(terminated.get("exitCode", 0)) != 0:
+            return int(terminated["exitCode"]), str(terminated.get("message") or "")
+    for container in status.get("containerStatuses") or []:
         terminated = (container.get("state") or {}).get("terminated")
         if terminated is not None:
             return int(terminated.get("exitCode", 1)), str(terminated.get("message") or "")

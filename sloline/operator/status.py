@@ -13,15 +13,29 @@ import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
 
-from sloline.operator.naming import GRPC_PORT, HTTP_PORT, LABEL_COMPONENT, LABEL_STAGE
+from sloline.operator.naming import (
+    GRPC_PORT,
+    HTTP_PORT,
+    LABEL_COMPONENT,
+    LABEL_STAGE,
+    STORAGE_INITIALIZER,
+)
 from sloline.planner.plan import Plan
+from sloline.spec.storage import CHECKSUM_MISMATCH, FETCH_FAILED, read_termination_message
 
 ConditionStatus = Literal["True", "False", "Unknown"]
-CONDITION_TYPES: Final = ("Valid", "Profiled", "Planned", "Ready")
+CONDITION_TYPES: Final = ("Valid", "Profiled", "Planned", "ModelsReady", "Ready")
 # The phase the conditions imply, first match wins (Failed: the reason says what failed).
 INTERNAL_ERROR: Final = "InternalError"  # reconcile raised something unforeseen (logged)
 FAILED_REASONS: Final = frozenset(
-    {"InvalidSpec", "ProfilingFailed", "Infeasible", "PlanFailed", INTERNAL_ERROR}
+    {
+        "InvalidSpec",
+        "ProfilingFailed",
+        "Infeasible",
+        "PlanFailed",
+        CHECKSUM_MISMATCH,
+        INTERNAL_ERROR,
+    }
 )
 
 
@@ -152,10 +166,86 @@ def readiness(deployments: Iterable[Mapping[str, Any]]) -> tuple[ConditionStatus
 def with_readiness(
     status: Mapping[str, Any], deployments: Iterable[Mapping[str, Any]], *, now: str
 ) -> dict[str, Any]:
-    """`status` with the Ready condition from `deployments`. The generation stays the
-    one last reconciled: readiness says nothing about a spec not yet handled."""
+    """`status` with the Ready condition from `deployments`; while they are not ready and
+    `ModelsReady` is False, Ready gives its reason and message (what keeps the pods from
+    starting). The generation stays the one last reconciled: readiness says nothing
+    about a spec not yet handled."""
     generation = int(status.get("observedGeneration") or 0)
     value, reason, message = readiness(deployments)
+    models = condition(status, "ModelsReady")
+    if value == "False" and models is not None and models.get("status") == "False":
+        reason, message = str(models["reason"]), str(models["message"])
     return with_conditions(
         status, [("Ready", value, reason, message)], generation=generation, now=now
     )
+
+
+def _storage_failure(status: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(reason, detail) of a storage initializer's failed run: it ended non-zero, or it
+    is being restarted (CrashLoopBackOff, or running again) after a run that did."""
+    ended = (status.get("state") or {}).get("terminated")
+    if ended is None:
+        ended = (status.get("lastState") or {}).get("terminated")
+    if ended is None or int(ended.get("exitCode", 0)) == 0:
+        return None
+    reason, detail = read_termination_message(str(ended.get("message") or ""))
+    return reason, detail or f"the storage initializer exited with {ended.get('exitCode')}"
+
+
+def models_readiness(
+    pods: Iterable[Mapping[str, Any]],
+) -> tuple[ConditionStatus, str, str] | None:
+    """The ModelsReady condition from the storage initializers of the pipeline's pods
+    (workers and profiling Jobs of pipelines with a `storageUri`): False with the reason
+    of a failed fetch (`ChecksumMismatch`, `FetchFailed`) and what the initializers'
+    termination messages say (the stage, the URI, both digests); Unknown while fetching;
+    True once every such pod fetched. None when no pod has a storage initializer."""
+    failures: dict[str, str] = {}  # what failed -> its reason
+    fetching = fetched = 0
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        spec_names = [c.get("name") for c in (pod.get("spec") or {}).get("initContainers") or []]
+        if STORAGE_INITIALIZER not in spec_names or pod["metadata"].get("deletionTimestamp"):
+            continue
+        status = (pod.get("status") or {}).get("initContainerStatuses") or []
+        found: Mapping[str, Any] = next(
+            (s for s in status if s.get("name") == STORAGE_INITIALIZER), {}
+        )
+        failure = _storage_failure(found)
+        if failure is not None:
+            reason, detail = failure
+            if not detail.startswith("stage "):  # a crash's log tail: say whose it is
+                detail = f"pod {pod['metadata']['name']}: {detail}"
+            failures.setdefault(detail, reason)
+        elif ((found.get("state") or {}).get("terminated") or {}).get("exitCode") == 0:
+            fetched += 1
+        else:
+            fetching += 1
+    if failures:
+        reasons = set(failures.values())
+        reason = CHECKSUM_MISMATCH if CHECKSUM_MISMATCH in reasons else min(reasons)
+        return "False", reason, "; ".join(sorted(failures))
+    if fetching:
+        return "Unknown", "Fetching", f"{fetching} pod(s) fetching their models from storage"
+    if fetched:
+        return "True", "Fetched", f"{fetched} pod(s) fetched their models from storage"
+    return None
+
+
+def with_models(
+    status: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], *, now: str
+) -> dict[str, Any]:
+    """`status` with the ModelsReady condition from `pods` (unchanged when none of them
+    fetches a model: the condition stays as the last pods left it). A failed fetch also
+    makes Ready False with its reason, unless the pipeline serves (Ready True); once the
+    pods fetch again, Ready waits for them instead (the Deployments decide the rest)."""
+    found = models_readiness(pods)
+    if found is None:
+        return dict(status)
+    generation = int(status.get("observedGeneration") or 0)
+    updates: list[tuple[str, ConditionStatus, str, str]] = [("ModelsReady", *found)]
+    ready = condition(status, "Ready") or {}
+    if found[0] == "False" and ready.get("status") != "True":
+        updates.append(("Ready", *found))
+    elif found[0] != "False" and ready.get("reason") in (CHECKSUM_MISMATCH, FETCH_FAILED):
+        updates.append(("Ready", "False", "Waiting", f"waiting for the pods: {found[2]}"))
+    return with_conditions(status, updates, generation=generation, now=now)

@@ -3,9 +3,9 @@
 The JSON Schema pydantic produces is turned into a Kubernetes *structural* OpenAPI v3
 schema: references inlined, `anyOf [X, null]` -> `X` + `nullable`, open maps marked
 `x-kubernetes-preserve-unknown-fields`, 2020-12 `exclusiveMinimum` -> OpenAPI 3.0 form.
-Cross-field rules the schema cannot say are CEL `x-kubernetes-validations`. The Helm
-chart's `crds/` holds the output (the one copy in the repository); a test regenerates it
-and fails on any drift.
+Cross-field rules the schema cannot say are CEL `x-kubernetes-validations`. The
+sloline-crds chart holds the output in `helm/sloline-crds/files/` (the one copy in the
+repository); a test regenerates it and fails on any drift.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ CONDITION_SCHEMA: dict[str, Any] = {
         "type": {
             "type": "string",
             "maxLength": 316,
-            "description": "Valid, Profiled, Planned or Ready.",
+            "description": "Valid, Profiled, Planned, ModelsReady or Ready.",
         },
         "status": {
             "type": "string",
@@ -255,7 +255,10 @@ STATUS_SCHEMA: dict[str, Any] = {
         },
         "conditions": {
             "type": "array",
-            "description": "Valid, Profiled, Planned and Ready, as Kubernetes conditions.",
+            "description": (
+                "Valid, Profiled, Planned, ModelsReady (models from storage) and Ready, as "
+                "Kubernetes conditions."
+            ),
             "items": CONDITION_SCHEMA,
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],

@@ -14,6 +14,11 @@ Every file lands in the cache directory (`$SLOLINE_MODEL_CACHE`, else
 part of a URI ever becomes a directory, so nothing a URI says can leave the cache.
 A file is fetched once: a later run finds it (and checks it again when a checksum is
 given).
+
+On Kubernetes the storage initializer (`sloline fetch-models`) reports a failure in its
+termination message as one line, `<reason>: stage <stage>: <what happened>`, with the reason
+`ChecksumMismatch` or `FetchFailed` (`termination_message`); the operator reads it back
+with `read_termination_message` to set the pipeline's `ModelsReady` condition.
 """
 
 from __future__ import annotations
@@ -35,8 +40,38 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 _CHUNK = 1 << 20
 
 
+CHECKSUM_MISMATCH = "ChecksumMismatch"
+FETCH_FAILED = "FetchFailed"
+
+
 class StorageError(ValueError):
     """A model file could not be fetched, or its checksum did not match."""
+
+    reason = FETCH_FAILED
+
+
+class ChecksumMismatch(StorageError):
+    """The fetched file's SHA-256 is not the one the spec gives."""
+
+    reason = CHECKSUM_MISMATCH
+
+
+def termination_message(exc: StorageError, stage: str) -> str:
+    """The storage initializer's termination message about `stage`'s model, one line:
+    `<reason>: stage <stage>: <what happened>`."""
+    return f"{exc.reason}: stage {stage}: " + " ".join(str(exc).split())
+
+
+def read_termination_message(text: str) -> tuple[str, str]:
+    """(reason, detail) of a storage initializer's termination message. Anything else
+    (a crash's log tail, with `FallbackToLogsOnError`) is `FetchFailed` with its last line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return FETCH_FAILED, ""
+    for reason in (CHECKSUM_MISMATCH, FETCH_FAILED):
+        if lines[0].startswith(f"{reason}: "):
+            return reason, lines[0][len(reason) + 2 :]
+    return FETCH_FAILED, lines[-1]
 
 
 def storage_uri_problem(uri: str) -> str | None:
@@ -109,7 +144,7 @@ def _verify(path: Path, uri: str, sha256: str | None) -> None:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     if digest.hexdigest() != sha256:
-        raise StorageError(
+        raise ChecksumMismatch(
             f"checksum mismatch for {uri}: sha256 is {digest.hexdigest()}, the spec says {sha256}"
         )
 

@@ -179,19 +179,22 @@ class Story:
     # -- the steps --------------------------------------------------------------------------
 
     def install(self, values: dict[str, Any] | None = None) -> None:
-        """`helm template` the chart, then the CRDs and the operator through kubectl."""
+        """`helm template` the charts, then the CRD and the operator through kubectl."""
         values = merged(merged(STORY_VALUES, values or {}), self.cluster.values())
         (self.workdir / "values.yaml").write_text(yaml.safe_dump(values))
         if not HELM.exists():
             pytest.skip("helm is not installed (make .tools/bin/helm)")
-        rendered = subprocess.run(
-            [str(HELM), "template", "sloline", str(ROOT / "helm" / "sloline"),
-             "--namespace", SYSTEM, "--include-crds", "-f", str(self.workdir / "values.yaml")],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-        documents = [d for d in yaml.safe_load_all(rendered) if d]
-        crds = [d for d in documents if d["kind"] == "CustomResourceDefinition"]
-        rest = [d for d in documents if d["kind"] != "CustomResourceDefinition"]
+
+        def template(release: str, *args: str) -> list[dict[str, Any]]:
+            rendered = subprocess.run(
+                [str(HELM), "template", release, str(ROOT / "helm" / release),
+                 "--namespace", SYSTEM, *args],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            return [d for d in yaml.safe_load_all(rendered) if d]
+
+        crds = template("sloline-crds")
+        rest = template("sloline", "-f", str(self.workdir / "values.yaml"))
         namespaces = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
                       for n in (SYSTEM, NS)]  # fmt: skip
         for name, docs in (("namespaces", namespaces), ("crds", crds), ("operator", rest)):
@@ -209,9 +212,10 @@ class Story:
         self.wait("the operator's Deployment is ready", operator_ready, 90)
         self.timeline.mark("operator ready")
 
-    def deploy_pipeline(self, ready_timeout_s: float = 120) -> None:
-        """`kubectl apply` the example; profiling Jobs, the plan, router and workers."""
-        self.cluster.kubectl("apply", "-n", NS, "-f", str(EXAMPLE))
+    def deploy_pipeline(self, ready_timeout_s: float = 120, manifest: Path = EXAMPLE) -> None:
+        """`kubectl apply` the example (or `manifest`, the example changed); profiling Jobs,
+        the plan, router and workers."""
+        self.cluster.kubectl("apply", "-n", NS, "-f", str(manifest))
         jobs_seen: set[str] = set()
 
         def profiled() -> bool:

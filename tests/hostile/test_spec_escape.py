@@ -29,7 +29,7 @@ from tests.support.kube import KubeEmulator
 from tests.support.serve import NOOP
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "helm" / "sloline" / "crds" / "predictionpipelines.sloline.dev.yaml"
+CRD = ROOT / "helm" / "sloline-crds" / "files" / "predictionpipelines.sloline.dev.yaml"
 POPEN = {
     "runtime": "python",
     "entrypoint": "subprocess:Popen",

@@ -22,7 +22,7 @@ from tests.support.kube import ApiError, KubeEmulator
 from tests.support.kube.patches import json_patch, strategic_merge_patch
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD_FILE = ROOT / "helm" / "sloline" / "crds" / "predictionpipelines.sloline.dev.yaml"
+CRD_FILE = ROOT / "helm" / "sloline-crds" / "files" / "predictionpipelines.sloline.dev.yaml"
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
 PIPELINES = "/apis/sloline.dev/v1alpha1/namespaces/default/predictionpipelines"

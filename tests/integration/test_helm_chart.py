@@ -38,9 +38,11 @@ from tests.support.prometheus import find_tool
 ROOT = Path(__file__).resolve().parents[2]
 HELM = ROOT / ".tools" / "bin" / "helm"
 CHART = ROOT / "helm" / "sloline"
+CRD_CHART = ROOT / "helm" / "sloline-crds"
 CUSTOM_VALUES = ROOT / "tests" / "support" / "values-custom.yaml"
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 CRD_FILE = "predictionpipelines.sloline.dev.yaml"
+CRD_PATH = CRD_CHART / "files" / CRD_FILE  # the generated CRD, the one copy
 KUBERNETES_VERSION = "1.37"
 # Custom resources kubernetes-validate has no schema for; checked separately below.
 MONITORING_KINDS = {"ServiceMonitor", "PrometheusRule"}
@@ -115,19 +117,76 @@ def settings_file(objects: list[dict[str, Any]]) -> dict[str, Any]:
     return yaml.safe_load(config["data"]["config.yaml"])
 
 
-def test_chart_versions_follow_the_package() -> None:
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+@pytest.mark.parametrize("chart_dir", [CHART, CRD_CHART], ids=["sloline", "sloline-crds"])
+def test_chart_versions_follow_the_package(chart_dir: Path) -> None:
+    chart = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2"
+    assert chart["name"] == chart_dir.name
     assert chart["appVersion"] == sloline.__version__ == chart["version"]
 
 
 @needs_helm
-@pytest.mark.parametrize("values", [None, CUSTOM_VALUES], ids=["default", "custom"])
-def test_helm_lint_passes(helm_env: dict[str, str], values: Path | None) -> None:
+@pytest.mark.parametrize(
+    ("chart_dir", "values"),
+    [(CHART, None), (CHART, CUSTOM_VALUES), (CRD_CHART, None)],
+    ids=["default", "custom", "sloline-crds"],
+)
+def test_helm_lint_passes(helm_env: dict[str, str], chart_dir: Path, values: Path | None) -> None:
     extra = ["-f", str(values)] if values else []
-    result = helm(helm_env, "lint", "--strict", str(CHART), *extra)
+    result = helm(helm_env, "lint", "--strict", str(chart_dir), *extra)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 chart(s) failed" in result.stdout
+
+
+@needs_helm
+def test_the_operator_chart_carries_no_crd(helm_env: dict[str, str]) -> None:
+    """The CRD is the sloline-crds chart's: the operator chart has no crds/ (which Helm
+    would install once and never upgrade) and renders none."""
+    assert not (CHART / "crds").exists()
+    objects = template(helm_env, "--include-crds")
+    assert "CustomResourceDefinition" not in {o["kind"] for o in objects}
+
+
+def template_crds(env: dict[str, str], *args: str) -> list[dict[str, Any]]:
+    result = helm(env, "template", "sloline-crds", str(CRD_CHART), "-n", "sloline-system", *args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@needs_helm
+def test_the_crd_chart_renders_the_generated_crd_kept_on_uninstall(
+    helm_env: dict[str, str],
+) -> None:
+    (crd,) = template_crds(helm_env)
+    generated = crd_manifest()
+    assert {k: v for k, v in crd.items() if k != "metadata"} == {
+        k: v for k, v in generated.items() if k != "metadata"
+    }
+    assert crd["metadata"]["name"] == generated["metadata"]["name"]
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert crd["metadata"]["labels"] == {
+        "helm.sh/chart": f"sloline-crds-{sloline.__version__}",
+        "app.kubernetes.io/name": "sloline-crds",
+        "app.kubernetes.io/instance": "sloline-crds",
+        "app.kubernetes.io/version": sloline.__version__,
+        "app.kubernetes.io/managed-by": "Helm",
+        "app.kubernetes.io/part-of": "sloline",
+    }
+    kubernetes_validate.validate(crd, KUBERNETES_VERSION, strict=True)
+
+
+@needs_helm
+def test_the_crd_chart_values(helm_env: dict[str, str]) -> None:
+    (crd,) = template_crds(
+        helm_env, "--set", "keep=false", "--set", "labels.team=ml", "--set", "annotations.a=b"
+    )
+    assert crd["metadata"]["annotations"] == {"a": "b"}
+    assert crd["metadata"]["labels"]["team"] == "ml"
+    (crd,) = template_crds(helm_env, "--set", "keep=false")
+    assert "annotations" not in crd["metadata"]
+    result = helm(helm_env, "template", "x", str(CRD_CHART), "--set", "keepp=true")
+    assert result.returncode != 0
+    assert "additional properties 'keepp' not allowed" in result.stderr, result.stderr
 
 
 @needs_helm
@@ -582,14 +641,14 @@ def test_bad_values_fail_the_schema(
 
 
 def test_the_crd_is_the_generated_one_and_has_no_copies() -> None:
-    assert yaml.safe_load((CHART / "crds" / CRD_FILE).read_text()) == crd_manifest(), (
-        f"the chart's CRD is stale: sloline crd > helm/sloline/crds/{CRD_FILE}"
+    assert yaml.safe_load(CRD_PATH.read_text()) == crd_manifest(), (
+        f"the chart's CRD is stale: sloline crd > {CRD_PATH.relative_to(ROOT)}"
     )
     found = []
     for folder, dirs, files in os.walk(ROOT):
         dirs[:] = [d for d in dirs if not d.startswith(".") and d != "node_modules"]
         found += [Path(folder, f).relative_to(ROOT) for f in files if f == CRD_FILE]
-    assert found == [Path("helm", "sloline", "crds", CRD_FILE)]
+    assert found == [CRD_PATH.relative_to(ROOT)]
 
 
 @needs_helm
@@ -631,7 +690,7 @@ def openapi_to_jsonschema(node: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def crd_validator() -> jsonschema.Draft4Validator:
-    crd = yaml.safe_load((CHART / "crds" / CRD_FILE).read_text())
+    crd = yaml.safe_load(CRD_PATH.read_text())
     schema = openapi_to_jsonschema(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
     jsonschema.Draft4Validator.check_schema(schema)
     return jsonschema.Draft4Validator(schema)

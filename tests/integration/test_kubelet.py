@@ -445,6 +445,90 @@ def test_a_job_past_its_deadline_is_stopped_and_fails(
     assert node.pod_processes() == []
 
 
+def test_init_containers_run_in_order_and_a_failed_one_restarts_with_backoff(
+    kube: KubeEmulator, node: ProcessKubelet
+) -> None:
+    """Two init containers share an emptyDir with the container: `first` writes, `second`
+    fails twice (a reason in its termination message) before it appends; only then does
+    the container start, and it sees both."""
+    second = (
+        "n=$(cat /shared/tries 2>/dev/null || echo 0); echo $((n+1)) > /shared/tries; "
+        'if [ "$n" -lt 2 ]; then echo "not yet: try $n" > /dev/termination-log; exit 3; fi; '
+        "echo second >> /shared/order"
+    )
+    mount = [{"name": "shared", "mountPath": "/shared"}]
+    init = [
+        {"name": "first", "image": "busybox", "command": ["sh", "-c", "echo first > /shared/order"],
+         "volumeMounts": mount},
+        {"name": "second", "image": "busybox", "command": ["sh", "-c", second],
+         "volumeMounts": mount},
+    ]  # fmt: skip
+    deployment = server("web", volumeMounts=mount, command=["sh", "-c"], args=[
+        'cat /shared/order; exec python -c "$0" "$POD_IP"', SERVER,
+    ])  # fmt: skip
+    spec = deployment["spec"]["template"]["spec"]
+    spec["initContainers"], spec["volumes"] = init, [{"name": "shared", "emptyDir": {}}]
+    kube.create(deployment)
+
+    def second_failed(pod: dict[str, Any]) -> bool:
+        statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+        return len(statuses) == 2 and statuses[1]["restartCount"] >= 1
+
+    deadline = time.monotonic() + 20
+    while not [p for p in kube.list("pods", NS, labels="app=web") if second_failed(p)]:
+        assert time.monotonic() < deadline, node.explain()
+        time.sleep(0.05)
+    (pod,) = kube.list("pods", NS, labels="app=web")
+    assert pod["status"]["phase"] == "Pending"
+    initialized = condition(pod, "Initialized")
+    assert initialized["status"] == "False", initialized
+    assert initialized["reason"] == "ContainersNotInitialized"
+    assert "second" in initialized["message"] and "first" not in initialized["message"]
+    (main,) = pod["status"]["containerStatuses"]
+    assert main["state"] == {"waiting": {"reason": "PodInitializing"}}, main
+    first, failing = pod["status"]["initContainerStatuses"]
+    assert first["state"]["terminated"]["exitCode"] == 0
+    assert failing["lastState"]["terminated"]["exitCode"] == 3
+    assert failing["lastState"]["terminated"]["message"].startswith("not yet: try")
+
+    wait(kube, node, "deployments", "web", ready_replicas(1))
+    (pod,) = kube.list("pods", NS, labels="app=web")
+    assert condition(pod, "Initialized")["status"] == "True"
+    first, second_status = pod["status"]["initContainerStatuses"]
+    assert first["restartCount"] == 0 and second_status["restartCount"] == 2
+    assert second_status["state"]["terminated"]["reason"] == "Completed"
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    (log,) = node.logs(NS, f"{pod['metadata']['name']}_web")
+    assert "first\nsecond\n" in log.read_text()
+
+
+def test_a_failed_init_container_fails_a_pod_that_never_restarts(
+    kube: KubeEmulator, node: ProcessKubelet
+) -> None:
+    """restartPolicy Never: the pod fails and its container never starts; the message is
+    the log's tail (FallbackToLogsOnError, nothing in the file)."""
+    spec = job("init-fails", "open('/tmp/ran', 'w')")
+    fetch = {
+        "name": "fetch",
+        "image": "python:3.11",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "command": ["python", "-c", "import sys; sys.exit('no such model: s3://m/x.onnx')"],
+    }
+    spec["spec"]["template"]["spec"]["initContainers"] = [fetch]
+    kube.create(spec)
+    done = wait(kube, node, "jobs", "init-fails", finished)
+    assert condition(done, "Failed")["reason"] == "BackoffLimitExceeded"
+    (pod,) = kube.list("pods", NS, labels="job-name=init-fails")
+    assert pod["status"]["phase"] == "Failed"
+    (init,) = pod["status"]["initContainerStatuses"]
+    ended = init["state"]["terminated"]
+    assert ended["exitCode"] == 1 and ended["reason"] == "Error"
+    assert "no such model: s3://m/x.onnx" in ended["message"]
+    (main,) = pod["status"]["containerStatuses"]
+    assert main["state"] == {"waiting": {"reason": "PodInitializing"}}
+    assert main["restartCount"] == 0
+
+
 def test_volumes_env_and_mounts_are_the_pods_own(kube: KubeEmulator, tmp_path: Path) -> None:
     if (reason := unsupported_reason()) is not None:
         pytest.skip(reason)

@@ -43,7 +43,7 @@ from tests.support.serve import build_example
 from tests.support.synthetic_router import SyntheticRouter
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "helm" / "sloline" / "crds" / "predictionpipelines.sloline.dev.yaml"
+CRD = ROOT / "helm" / "sloline-crds" / "files" / "predictionpipelines.sloline.dev.yaml"
 NOOP_DIR = ROOT / "tests" / "support" / "pipelines" / "noop"
 NS = "default"
 PIPELINE = "predictionpipelines"

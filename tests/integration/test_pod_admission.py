@@ -15,11 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import re
-import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,60 +28,20 @@ from sloline.operator.planning import profile_tasks
 from sloline.operator.pods import render_profiling_job
 from sloline.operator.render import render
 from sloline.operator.settings import OperatorSettings, parse_settings
+from tests.support import control_plane
+from tests.support.control_plane import kubectl, needs_control_plane
 from tests.unit.operator.helpers import DIGITS, NOOP, gpu_settings, make_plan, pipeline_object
 from tests.unit.operator.test_pod_shaping import SETTINGS, shaped
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN_DIR = ROOT / ".tools" / "kube" / "v1.37.2" / "bin"
 NAMESPACE = "team-a"  # the helpers' pipelines live here
-KUBECTL = "kubectl"
 
-
-def _kubectl_missing() -> str | None:
-    binaries = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
-    absent = [n for n in binaries if not (BIN_DIR / n).is_file()]
-    if absent:
-        return f"no {', '.join(absent)} in {BIN_DIR.relative_to(ROOT)} (scripts/kube/build.sh)"
-    if shutil.which(KUBECTL) is None:
-        return "kubectl is not on PATH"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_kubectl_missing() is not None, reason=str(_kubectl_missing()))
+pytestmark = needs_control_plane
 
 
 @pytest.fixture(scope="module")
 def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    env = {**os.environ, "SLOLINE_CLUSTER_STATE": str(tmp_path_factory.mktemp("cp") / "cp.json")}
-    script = str(ROOT / "scripts" / "cluster.py")
-    up = subprocess.run(
-        [sys.executable, script, "up", "--timeout", "240"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr
-        found = re.search(r"^KUBECONFIG=(.+)$", up.stdout, re.MULTILINE)
-        assert found, up.stdout
-        yield found.group(1)
-    finally:
-        subprocess.run([sys.executable, script, "down"], env=env, timeout=60, check=False)
-
-
-def kubectl(
-    config: str, *args: str, stdin: dict[str, Any] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [KUBECTL, "--kubeconfig", config, *args],
-        input=json.dumps(stdin) if stdin is not None else None,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    yield from control_plane.running(tmp_path_factory.mktemp("cp"))
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +152,7 @@ def test_the_apiserver_accepts_the_crd_and_a_pipeline_with_every_field(
 ) -> None:
     """The generated CRD (pod templates and exposure included) is structural for the real
     apiserver, within its CEL cost budget, and keeps every field of a shaped pipeline."""
-    crd = ROOT / "helm" / "sloline" / "crds" / "predictionpipelines.sloline.dev.yaml"
+    crd = ROOT / "helm" / "sloline-crds" / "files" / "predictionpipelines.sloline.dev.yaml"
     result = kubectl(kubeconfig, "apply", "--server-side", "-f", str(crd))
     assert result.returncode == 0, result.stderr
     result = kubectl(

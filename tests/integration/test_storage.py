@@ -7,11 +7,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import shutil
-import socket
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -23,13 +19,8 @@ import yaml
 from sloline.embedded import check_models
 from sloline.spec import PipelineError, load_pipeline
 from sloline.spec.storage import StorageError, cached_path, fetch
+from tests.support.s3 import CREDENTIALS, moto_server
 from tests.support.serve import BackgroundPipeline, build_example
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sha256(path: Path) -> str:
@@ -56,34 +47,11 @@ def http_models(digits: Path) -> Iterator[str]:
 
 @pytest.fixture
 def s3_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    pytest.importorskip("boto3", reason="s3:// needs boto3 (pip install 'sloline[s3]')")
-    if shutil.which("moto_server", path=str(Path(sys.executable).parent)) is None:
-        pytest.skip("no S3-compatible server: install moto[server] (make tools)")
-    port = free_port()
-    process = subprocess.Popen(
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    pytest.fail("the S3 server did not start")
-                time.sleep(0.2)
+    with moto_server() as endpoint:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        for name, value in CREDENTIALS.items():
+            monkeypatch.setenv(name, value)
         yield endpoint
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def storage_pipeline(tmp: Path, digits: Path, uris: dict[str, str], sums: dict[str, str]) -> Path:

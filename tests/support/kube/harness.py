@@ -55,7 +55,7 @@ class KubeEmulator:
     A test of a kopf operator::
 
         def test_pipeline_gets_a_router(kube):
-            kube.register_crd(ROOT / "helm/sloline/crds/predictionpipelines.sloline.dev.yaml")
+            kube.register_crd(ROOT / "helm/sloline-crds/files/predictionpipelines.sloline.dev.yaml")
             with kube.as_default(), KopfRunner(
                 ["run", "-A", "--standalone", "-m", "sloline.operator"]
             ) as runner:

@@ -12,6 +12,12 @@ restarts and the Pod status a kubelet reports.
   an /etc/host.conf that makes a name on several lines resolve to all of them), the
   service-account folder (a kubeconfig, as `$KUBECONFIG`, instead of a token) and its own
   termination-message file at `terminationMessagePath`.
+- Init containers run one after another, each to completion, before the containers
+  start (`PodRuntime._initialize`). One that fails is restarted with the same backoff
+  (restartPolicy Always or OnFailure: `CrashLoopBackOff`, `lastState`, `restartCount`)
+  or, with Never, fails the pod; their states and termination messages are in
+  `initContainerStatuses`, the containers wait as `PodInitializing` and the pod's
+  `Initialized` condition is False (`ContainersNotInitialized`) meanwhile.
 - Stop: a preStop `sleep` hook, then SIGTERM to the container's PID 1, SIGKILL to its
   whole PID namespace once the grace period (the hook's time included) is over.
   Restarts (restartPolicy Always, OnFailure on failure) back off exponentially from
@@ -114,10 +120,12 @@ class Node:
 
 
 class Container:
-    """One container of a pod: its process (re)starts, probes and reported status."""
+    """One container of a pod: its process (re)starts, probes and reported status. An
+    init container (`init`) runs until it exits 0, has no probes, and is restarted only
+    after a failure (unless the pod's restartPolicy is Never)."""
 
-    def __init__(self, pod: PodRuntime, spec: Obj) -> None:
-        self.pod, self.spec, self.name = pod, spec, spec["name"]
+    def __init__(self, pod: PodRuntime, spec: Obj, *, init: bool = False) -> None:
+        self.pod, self.spec, self.name, self.init = pod, spec, spec["name"], init
         self.dir = pod.dir / "containers" / self.name
         self.log_path = pod.node.workdir / "logs" / f"{pod.namespace}_{pod.name}_{self.name}.log"
         self.message_path = self.dir / "termination-log"
@@ -163,6 +171,8 @@ class Container:
 
     def _restarts(self, code: int) -> bool:
         policy = self.pod.spec.get("restartPolicy") or "Always"
+        if self.init:
+            return code != 0 and policy != "Never"
         return policy == "Always" or (policy == "OnFailure" and code != 0)
 
     async def _run_once(self, spec_path: Path) -> Obj:
@@ -190,11 +200,12 @@ class Container:
         self.pod.node.log(f"{self.pod.key}/{self.name}: started pid {process.pid}")
         if self.pod.stopping:  # stopped while it was being started
             await self.stop(0.0, "pod stopping")
-        probes = asyncio.create_task(self._probe())
+        probes = None if self.init else asyncio.create_task(self._probe())
         code = await process.wait()
-        probes.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await probes
+        if probes is not None:
+            probes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probes
         self.exit_code = code = code if code >= 0 else 128 - code  # killed by signal -code
         self.ended = f"exit code {code}" + (f" ({self._kill_reason})" if self._kill_reason else "")
         self._kill_reason = ""
@@ -411,6 +422,13 @@ class PodRuntime:
         self.service_account = self.spec.get("automountServiceAccountToken", True) is not False
         self.grace_s = float(self.spec.get("terminationGracePeriodSeconds", 30))
         self.containers = [Container(self, c) for c in self.spec.get("containers") or []]
+        self.init_containers = [
+            Container(self, c, init=True) for c in self.spec.get("initContainers") or []
+        ]
+        if self.init_containers:
+            for container in self.containers:
+                container.state = {"waiting": {"reason": "PodInitializing"}}
+        self.init_failed = False  # an init container failed and the pod does not restart it
         self.stopping = False
         self.start_time = utc_now()
         self.pending = ""  # why the pod cannot start yet
@@ -443,10 +461,6 @@ class PodRuntime:
             await asyncio.wait_for(self._stop_event.wait(), seconds)
 
     async def _run(self) -> None:
-        if self.spec.get("initContainers"):
-            self.pending = "initContainers are not emulated by the process kubelet"
-            self.changed()
-            return
         while not self.stopping:
             try:
                 volumes = self._prepare_volumes()
@@ -460,7 +474,27 @@ class PodRuntime:
         else:
             return
         self.pending = ""
-        await asyncio.gather(*(c.run(volumes) for c in self.containers))
+        if await self._initialize(volumes):
+            await asyncio.gather(*(c.run(volumes) for c in self.containers))
+
+    async def _initialize(self, volumes: dict[str, Path]) -> bool:
+        """Run the init containers in order, each to completion (restarting a failed one
+        as the pod's restartPolicy says); False when the pod stops or fails first."""
+        for container in self.init_containers:
+            await container.run(volumes)
+            if self.stopping:
+                return False
+            if container.exit_code != 0:  # restartPolicy Never: the pod has failed
+                self.node.log(f"{self.key}: init container {container.name} failed")
+                self.init_failed = True
+                self.changed()
+                return False
+        return True
+
+    @property
+    def initialized(self) -> bool:
+        """Every init container has run to completion."""
+        return not self.pending and all(c.done and c.exit_code == 0 for c in self.init_containers)
 
     def _prepare_volumes(self) -> dict[str, Path]:
         node, out = self.node, {}
@@ -514,7 +548,8 @@ class PodRuntime:
         self.stopping = True
         self._stop_event.set()
         grace = self.grace_s if grace_s is None else grace_s
-        await asyncio.gather(*(c.stop(grace, "pod stopping") for c in self.containers))
+        every = [*self.init_containers, *self.containers]
+        await asyncio.gather(*(c.stop(grace, "pod stopping") for c in every))
         if self._task is not None:
             await self._task
 
@@ -525,6 +560,8 @@ class PodRuntime:
     # -- status ---------------------------------------------------------------------------
 
     def phase(self) -> str:
+        if self.init_failed:
+            return "Failed"
         if self.containers and all(c.done for c in self.containers):
             codes = [c.exit_code for c in self.containers]
             return "Succeeded" if all(code == 0 for code in codes) else "Failed"
@@ -537,10 +574,14 @@ class PodRuntime:
         ready = ready and not self.stopping
         conditions = [
             self._condition("PodScheduled", True),
-            self._condition("Initialized", not self.pending),
+            self._condition("Initialized", self.initialized),
             self._condition("ContainersReady", ready),
             self._condition("Ready", ready),
         ]
+        waiting = [c.name for c in self.init_containers if not (c.done and c.exit_code == 0)]
+        if waiting and not self.pending:
+            conditions[1]["reason"] = "ContainersNotInitialized"
+            conditions[1]["message"] = f"containers with incomplete status: [{' '.join(waiting)}]"
         status: Obj = {
             "phase": self.phase(),
             "conditions": conditions,
@@ -551,6 +592,8 @@ class PodRuntime:
             "startTime": self.start_time,
             "containerStatuses": [c.status() for c in self.containers],
         }
+        if self.init_containers:
+            status["initContainerStatuses"] = [c.status() for c in self.init_containers]
         if self.pending:
             status["message"] = self.pending
             status["reason"] = "ContainerCreating"

@@ -37,7 +37,7 @@ HTTP_ROUTE_CRD["spec"]["names"] = {
     "plural": "httproutes",
     "singular": "httproute",
 }
-CRD = ROOT / "helm" / "sloline" / "crds" / "predictionpipelines.sloline.dev.yaml"
+CRD = ROOT / "helm" / "sloline-crds" / "files" / "predictionpipelines.sloline.dev.yaml"
 
 
 def cache_profiles(

@@ -1,5 +1,6 @@
 """Status: Kubernetes-style conditions whose lastTransitionTime moves only with their
-status, the phase they imply, and Ready from the Deployments."""
+status, the phase they imply, Ready from the Deployments and ModelsReady from the pods'
+storage initializers."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from typing import Any
 
 from sloline.operator.status import (
     addressable,
+    condition,
     endpoints,
+    models_readiness,
     phase_of,
     plan_summary,
     readiness,
     set_condition,
     with_conditions,
+    with_models,
     with_readiness,
 )
 from tests.unit.operator.helpers import make_plan, target
@@ -39,9 +43,15 @@ def test_last_transition_time_changes_only_with_the_status() -> None:
 
 def test_conditions_keep_their_order() -> None:
     status: dict[str, Any] = {}
-    for type_ in ("Ready", "Planned", "Valid", "Profiled"):
+    for type_ in ("Ready", "ModelsReady", "Planned", "Valid", "Profiled"):
         status = with_conditions(status, [(type_, "True", "R", "m")], generation=1, now=T0)
-    assert [c["type"] for c in status["conditions"]] == ["Valid", "Profiled", "Planned", "Ready"]
+    assert [c["type"] for c in status["conditions"]] == [
+        "Valid",
+        "Profiled",
+        "Planned",
+        "ModelsReady",
+        "Ready",
+    ]
 
 
 def c(type_: str, status: str, reason: str = "R") -> dict[str, str]:
@@ -125,3 +135,108 @@ def test_addressable_gives_url_and_address() -> None:
     assert addressable("p-router", "ns", tls=True)["address"] == {
         "url": "https://p-router.ns.svc:8000"
     }
+
+
+URI = "https://models.example.com/digits/fast.onnx"
+MISMATCH = (
+    f"ChecksumMismatch: stage fast: checksum mismatch for {URI}: sha256 is {'a' * 64}, "
+    f"the spec says {'b' * 64}"
+)
+
+
+def pod(name: str, stage: str, init: dict[str, Any] | None) -> dict[str, Any]:
+    """A pod of stage `stage` with a storage initializer whose status is `init` (None:
+    not reported yet), as the kubelet writes it."""
+    statuses = [] if init is None else [{"name": "storage-initializer", **init}]
+    return {
+        "metadata": {"name": name, "labels": {"sloline.dev/stage": stage}},
+        "spec": {"initContainers": [{"name": "storage-initializer"}], "containers": []},
+        "status": {"initContainerStatuses": statuses},
+    }
+
+
+def models(pods: list[dict[str, Any]]) -> tuple[str, str, str]:
+    found = models_readiness(pods)
+    assert found is not None
+    return found
+
+
+def cond(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    found = condition(status, type_)
+    assert found is not None, type_
+    return found
+
+
+def ended(code: int, message: str = "") -> dict[str, Any]:
+    return {"terminated": {"exitCode": code, "reason": "Error", "message": message}}
+
+
+def test_models_ready_from_the_storage_initializers() -> None:
+    assert models_readiness([]) is None
+    no_init = {"metadata": {"name": "r", "labels": {}}, "spec": {"containers": []}}
+    assert models_readiness([no_init]) is None
+    fetching = pod("a", "fast", {"state": {"running": {}}})
+    assert models([fetching, pod("b", "fast", None)]) == (
+        "Unknown",
+        "Fetching",
+        "2 pod(s) fetching their models from storage",
+    )
+    done = pod("c", "fast", {"state": ended(0)})
+    assert models([done])[:2] == ("True", "Fetched")
+
+
+def test_a_checksum_mismatch_names_the_stage_uri_and_both_digests() -> None:
+    # restartPolicy Never (a profiling pod): the initializer's last state.
+    failed = pod("a", "fast", {"state": ended(1, MISMATCH)})
+    # restartPolicy Always (a worker): waiting to restart after the failed run.
+    crashing = pod(
+        "b",
+        "accurate",
+        {
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": ended(
+                1, "FetchFailed: stage accurate: cannot fetch s3://m/a.onnx: HTTP 404 Not Found"
+            ),
+        },
+    )
+    value, reason, message = models([failed, crashing])
+    assert (value, reason) == ("False", "ChecksumMismatch")
+    assert message == (
+        "stage accurate: cannot fetch s3://m/a.onnx: HTTP 404 Not Found; "
+        f"stage fast: checksum mismatch for {URI}: sha256 is {'a' * 64}, the spec says {'b' * 64}"
+    )
+    assert models([crashing])[:2] == ("False", "FetchFailed")
+    # Pods failing the same way (a worker and the profiling pods) say it once.
+    same = pod("e", "preprocess", {"state": ended(1, MISMATCH)})
+    assert models([failed, same])[2] == message.split("; ")[1]
+    # A crash with the log's tail as its message, and one with no message at all.
+    tail = pod("c", "fast", {"state": ended(137, "Traceback ...\nMemoryError\n")})
+    assert models([tail])[1:] == ("FetchFailed", "pod c: MemoryError")
+    bare = pod("d", "fast", {"state": ended(2)})
+    assert models([bare])[2] == "pod d: the storage initializer exited with 2"
+
+
+def test_a_failed_fetch_makes_the_pipeline_not_ready_and_a_mismatch_failed() -> None:
+    failed = [pod("a", "fast", {"state": ended(1, MISMATCH)})]
+    status = with_conditions({}, [("Planned", "True", "Planned", "ok")], generation=3, now=T0)
+    status = with_models(status, failed, now=T1)
+    fetched, ready = cond(status, "ModelsReady"), cond(status, "Ready")
+    assert (fetched["status"], fetched["reason"]) == ("False", "ChecksumMismatch")
+    assert (ready["status"], ready["reason"], ready["message"]) == (
+        "False",
+        "ChecksumMismatch",
+        fetched["message"],
+    )
+    assert status["phase"] == "Failed"
+    # Deployments not ready: Ready keeps the models' reason, not "Waiting".
+    waiting = with_readiness(status, [deployment("fast", "worker", 1, 0)], now=T2)
+    assert cond(waiting, "Ready")["reason"] == "ChecksumMismatch"
+    # A pipeline that serves stays Ready even when a new pod cannot fetch.
+    serving = with_readiness(status, [deployment("fast", "worker", 2, 1)], now=T2)
+    assert cond(with_models(serving, failed, now=T2), "Ready")["status"] == "True"
+    # Fixed: the new pods fetched; no pod fetching leaves the condition as it was.
+    fixed = with_models(status, [pod("b", "fast", {"state": ended(0)})], now=T2)
+    assert cond(fixed, "ModelsReady")["status"] == "True"
+    assert (cond(fixed, "Ready")["status"], cond(fixed, "Ready")["reason"]) == ("False", "Waiting")
+    assert fixed["phase"] != "Failed"
+    assert with_models(fixed, [], now=T2) == fixed

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,26 +37,29 @@ def storage_target(tmp_path: Path, **meta: Any) -> Target:
     return Target.of(pipeline_object(path, **meta))
 
 
-def test_worker_and_profiling_pods_fetch_their_model_first(tmp_path: Path) -> None:
+def test_worker_and_profiling_pods_fetch_their_models_first(tmp_path: Path) -> None:
+    """A worker fetches its stage's model; a profiling pod every stage's (it runs the
+    whole pipeline on the samples), whichever stage it profiles."""
     t = storage_target(tmp_path, annotations={"sloline.dev/storage-secret": "s3-creds"})
     settings = OperatorSettings()
-    for pod in (
-        render_worker(t, settings, "fast", "cpu-1", 1)["spec"]["template"]["spec"],
-        render_profiling_job(t, settings, "fast", "cpu-1", "k")["spec"]["template"]["spec"],
+    fast = ["--model", "fast=s3://models/digits/models/fast.onnx", "--sha256", f"fast={SHA}"]
+    accurate = ["--model", "accurate=s3://models/digits/models/accurate.onnx"]
+    for pod, models in (
+        (render_worker(t, settings, "fast", "cpu-1", 1)["spec"]["template"]["spec"], fast),
+        (
+            render_profiling_job(t, settings, "preprocess", "cpu-1", "k")["spec"]["template"][
+                "spec"
+            ],
+            fast + accurate,
+        ),
     ):
         (init,) = pod["initContainers"]
         assert init["name"] == "storage-initializer"
         assert init["command"] == ["sloline"]
-        assert init["args"] == [
-            "fetch-models",
-            "--uri",
-            "s3://models/digits/models/fast.onnx",
-            "--into",
-            MODEL_CACHE_DIR,
-            "--sha256",
-            SHA,
-        ]
+        assert init["args"] == ["fetch-models", "--into", MODEL_CACHE_DIR, *models]
         assert init["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+        assert init["terminationMessagePath"] == "/dev/termination-log"
+        assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"
         (main,) = pod["containers"]
         assert {"name": "SLOLINE_MODEL_CACHE", "value": MODEL_CACHE_DIR} in main["env"]
         assert {"name": "model-cache", "mountPath": MODEL_CACHE_DIR, "readOnly": True} in main[
@@ -83,14 +87,16 @@ def test_pvc_claims_are_mounted_into_the_initializer(tmp_path: Path) -> None:
     pod = render_worker(Target.of(pipeline_object(path)), OperatorSettings(), "fast", "cpu-1", 1)
     spec = pod["spec"]["template"]["spec"]
     (init,) = spec["initContainers"]
-    assert init["args"][-2:] == ["--source", f"file://{MODEL_SOURCE_DIR}/digits/fast.onnx"]
+    assert init["args"][-2:] == [
+        "--source",
+        f"fast=file://{MODEL_SOURCE_DIR}/models/digits/fast.onnx",
+    ]
     assert {
-        "name": "model-source",
+        "name": "model-source-1",
         "persistentVolumeClaim": {"claimName": "models", "readOnly": True},
     } in spec["volumes"]
-    assert {"name": "model-source", "mountPath": MODEL_SOURCE_DIR, "readOnly": True} in init[
-        "volumeMounts"
-    ]
+    mount = {"name": "model-source-1", "mountPath": f"{MODEL_SOURCE_DIR}/models", "readOnly": True}
+    assert mount in init["volumeMounts"]
     assert restricted_violations(spec) == []
 
 
@@ -98,18 +104,22 @@ def test_fetch_models_reads_a_source_keeping_the_uris_place(tmp_path: Path) -> N
     source = tmp_path / "m.onnx"
     source.write_bytes(b"from the claim")
     uri = "pvc://models/m.onnx"
-    done = fetch_models("--uri", uri, "--source", f"file://{source}", "--into", str(tmp_path))
+    done = fetch_models(
+        "--model", f"m={uri}", "--source", f"m=file://{source}", "--into", str(tmp_path)
+    )
     assert done.returncode == 0, done.stderr
     assert cached_path(tmp_path, uri, None).read_bytes() == b"from the claim"
 
 
-def fetch_models(*args: str) -> subprocess.CompletedProcess[str]:
+def fetch_models(*args: str, log: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SLOLINE_TERMINATION_LOG": str(log)} if log else None
     return subprocess.run(
         [sys.executable, "-m", "sloline", "fetch-models", *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        env=env,
     )
 
 
@@ -118,17 +128,47 @@ def test_fetch_models_fills_the_cache_the_worker_reads(tmp_path: Path) -> None:
     source.write_bytes(b"model bytes")
     sha = hashlib.sha256(b"model bytes").hexdigest()
     uri = f"file://{source}"
-    done = fetch_models("--uri", uri, "--sha256", sha, "--into", str(tmp_path / "cache"))
+    other = tmp_path / "o.onnx"
+    other.write_bytes(b"other bytes")
+    done = fetch_models(
+        "--model", f"a={uri}", "--sha256", f"a={sha}", "--model", f"b=file://{other}",
+        "--into", str(tmp_path / "cache"),
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert cached_path(tmp_path / "cache", uri, sha).read_bytes() == b"model bytes"
+    assert cached_path(tmp_path / "cache", f"file://{other}", None).read_bytes() == b"other bytes"
 
 
 def test_fetch_models_checksum_mismatch_is_one_clear_line(tmp_path: Path) -> None:
     source = tmp_path / "m.onnx"
     source.write_bytes(b"model bytes")
-    done = fetch_models("--uri", f"file://{source}", "--sha256", SHA, "--into", str(tmp_path))
+    log = tmp_path / "termination-log"
+    done = fetch_models(
+        "--model", f"fast=file://{source}", "--sha256", f"fast={SHA}", "--into", str(tmp_path),
+        log=log,
+    )  # fmt: skip
     assert done.returncode == 1
-    assert done.stderr.strip().splitlines() == [
-        f"sloline fetch-models: checksum mismatch for file://{source}: sha256 is "
+    what = (
+        f"stage fast: checksum mismatch for file://{source}: sha256 is "
         f"{hashlib.sha256(b'model bytes').hexdigest()}, the spec says {SHA}"
-    ]
+    )
+    assert done.stderr.strip().splitlines() == [f"sloline fetch-models: {what}"]
+    assert log.read_text() == f"ChecksumMismatch: {what}"  # what the operator reads
+
+
+def test_fetch_models_names_a_failed_fetch(tmp_path: Path) -> None:
+    log = tmp_path / "termination-log"
+    missing = tmp_path / "absent.onnx"
+    done = fetch_models("--model", f"fast=file://{missing}", "--into", str(tmp_path), log=log)
+    assert done.returncode == 1
+    assert log.read_text().startswith(f"FetchFailed: stage fast: cannot fetch file://{missing}: ")
+    assert "\n" not in log.read_text()
+
+
+def test_fetch_models_refuses_checksums_of_stages_it_does_not_fetch(tmp_path: Path) -> None:
+    done = fetch_models(
+        "--model", "a=file:///m.onnx", "--sha256", f"b={SHA}", "--into", str(tmp_path)
+    )
+    assert done.returncode == 2
+    assert "names stages without --model: b" in done.stderr
+    assert "Traceback" not in done.stderr

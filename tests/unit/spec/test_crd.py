@@ -9,7 +9,7 @@ import yaml
 from sloline.spec.crd import crd_manifest
 
 ROOT = Path(__file__).resolve().parents[3]
-CRD = "helm/sloline/crds/predictionpipelines.sloline.dev.yaml"  # the repository's one copy
+CRD = "helm/sloline-crds/files/predictionpipelines.sloline.dev.yaml"  # the repository's one copy
 
 
 def test_crd_in_sync_with_models() -> None:

@@ -19,7 +19,7 @@ from sloline.spec import PipelineError, parse_pipeline
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD = yaml.safe_load(
-    (ROOT / "helm" / "sloline" / "crds" / "predictionpipelines.sloline.dev.yaml").read_text()
+    (ROOT / "helm" / "sloline-crds" / "files" / "predictionpipelines.sloline.dev.yaml").read_text()
 )
 VERSION = CRD["spec"]["versions"][0]
 SCHEMA = VERSION["schema"]["openAPIV3Schema"]

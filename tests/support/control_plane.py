@@ -1,0 +1,70 @@
+"""The real control plane of docs/e2e.md ("Real control plane") for one test module:
+scripts/cluster.py with its own record in a temp dir, and kubectl against it. Tests that
+need it skip where its binaries are not built (`missing()` says why)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN_DIR = ROOT / ".tools" / "kube" / "v1.37.2" / "bin"
+KUBECTL = "kubectl"
+
+
+def missing() -> str | None:
+    """Why the control plane cannot start here, or None."""
+    binaries = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+    absent = [n for n in binaries if not (BIN_DIR / n).is_file()]
+    if absent:
+        return f"no {', '.join(absent)} in {BIN_DIR.relative_to(ROOT)} (scripts/kube/build.sh)"
+    if shutil.which(KUBECTL) is None:
+        return "kubectl is not on PATH"
+    return None
+
+
+needs_control_plane = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+
+
+def running(state_dir: Path) -> Iterator[str]:
+    """Start a control plane recorded in `state_dir`, yield its admin kubeconfig's path,
+    and stop it (a module-scoped fixture's body)."""
+    env = {**os.environ, "SLOLINE_CLUSTER_STATE": str(state_dir / "cp.json")}
+    script = str(ROOT / "scripts" / "cluster.py")
+    up = subprocess.run(
+        [sys.executable, script, "up", "--timeout", "240"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        found = re.search(r"^KUBECONFIG=(.+)$", up.stdout, re.MULTILINE)
+        assert found, up.stdout
+        yield found.group(1)
+    finally:
+        subprocess.run([sys.executable, script, "down"], env=env, timeout=60, check=False)
+
+
+def kubectl(
+    config: str, *args: str, stdin: dict[str, Any] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [KUBECTL, "--kubeconfig", config, *args],
+        input=json.dumps(stdin) if stdin is not None else None,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
