@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Start and stop a real Kubernetes control plane on 127.0.0.1.
 
-    scripts/cluster.py up       etcd, kube-apiserver, kube-controller-manager, kube-scheduler;
-                                waits for /readyz, prints KUBECONFIG=<path> on its own line
+    scripts/cluster.py up       etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+                                and the process kubelet as the node agent (`--no-node`: none);
+                                waits for /readyz and the Node's Ready, then prints
+                                KUBECONFIG=<path> on its own line
     scripts/cluster.py status   pids, ports and resident memory of what `up` started
     scripts/cluster.py down     stops everything `up` started (pid files), removes its temp dir
 
@@ -11,7 +13,11 @@ The binaries come from scripts/kube/build.sh (.tools/kube/<version>/bin). Everyt
 .tools/kube/cluster.json (or $SLOLINE_CLUSTER_STATE) records where, and the pids. Only one
 cluster per record.
 
-There is no node: no kubelet registers, so pods are scheduled nowhere (they stay Pending).
+The node is the process kubelet (tests/support/kube/node.py, docs/e2e.md "The node
+agent"): pods run as local processes on 198.18.x.y (a network it routes to `lo` while it
+runs: EndpointSlices refuse loopback addresses), Services get cluster IPs in 127.3.0.0/16,
+on which its kube-proxy listens. It needs root, util-linux and iproute2; without it
+(`--no-node`) pods are scheduled nowhere and stay Pending.
 etcd listens on plain HTTP, loopback only. Certificates need `cryptography` (the project's
 venv has it); `down` and `status` need only the standard library.
 """
@@ -43,8 +49,12 @@ KUBE_VERSION = "v1.37.2"
 BIN_DIR = ROOT / ".tools" / "kube" / KUBE_VERSION / "bin"
 # $SLOLINE_CLUSTER_STATE moves the record, e.g. for a test's own throwaway control plane.
 STATE = Path(os.environ.get("SLOLINE_CLUSTER_STATE") or ROOT / ".tools" / "kube" / "cluster.json")
-SERVICE_CIDR = "10.0.0.0/24"
-SERVICE_IP = "10.0.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
+# Loopback, so that the node agent's kube-proxy can listen on the cluster IPs.
+SERVICE_CIDR = "127.3.0.0/16"
+SERVICE_IP = "127.3.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
+POD_CIDR = "198.18.0.0/16"  # the node agent's pod IPs (benchmarking range, routed to lo)
+NODE_NAME = "local"
+KUBELET = "process-kubelet"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 ORDER = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
 
@@ -147,6 +157,8 @@ def write_pki(d: Path) -> None:
     leaf("admin", "kubernetes-admin", "system:masters", server=False)
     leaf("controller-manager", "system:kube-controller-manager", None, server=False)
     leaf("scheduler", "system:kube-scheduler", None, server=False)
+    leaf("node", f"system:node:{NODE_NAME}", "system:nodes", server=False)
+    leaf("kube-proxy", "system:kube-proxy", None, server=False)
 
     sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     (d / "sa.key").write_bytes(key_pem(sa))
@@ -194,10 +206,12 @@ def cmdline(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def ours(pid: int, binary: str) -> bool:
-    """The pid is still the process we started (not a reused pid)."""
+def ours(pid: int, command: str | list[str]) -> bool:
+    """The pid is still the process we started (not a reused pid): its command line starts
+    with the binary (or the recorded command)."""
+    expected = [command] if isinstance(command, str) else command
     args = cmdline(pid)
-    return bool(args) and args[0] == binary
+    return bool(args) and args[: len(expected)] == expected
 
 
 def rss_mib(pid: int) -> float | None:
@@ -215,15 +229,17 @@ def rss_mib(pid: int) -> float | None:
 procs: dict[str, subprocess.Popen[bytes]] = {}
 
 
-def start(run: Path, name: str, args: list[str]) -> int:
-    binary = str(BIN_DIR / name)
+def start(run: Path, name: str, args: list[str], command: list[str] | None = None) -> int:
+    """Start a binary of BIN_DIR (or `command`) with `args`, logging to logs/<name>.log."""
     log = open(run / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - child owns it
     proc = subprocess.Popen(
-        [binary, *args],
+        [*(command or [str(BIN_DIR / name)]), *args],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # not killed by the caller's Ctrl-C; `down` stops it
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)} if command else None,
     )
     log.close()
     procs[name] = proc
@@ -279,6 +295,9 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
             f"missing {', '.join(missing)} in {BIN_DIR}: run scripts/kube/build.sh", file=sys.stderr
         )
         return 2
+    if args.node and (reason := node_unsupported()):
+        print(f"no node here: {reason}; `up --no-node` starts the control plane alone")
+        return 2
 
     t0 = time.monotonic()
     run = Path(tempfile.mkdtemp(prefix="sloline-cluster-"))
@@ -298,6 +317,8 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
     write_kubeconfig(kubeconfig, server, pki, "admin")
     write_kubeconfig(run / "controller-manager.kubeconfig", server, pki, "controller-manager")
     write_kubeconfig(run / "scheduler.kubeconfig", server, pki, "scheduler")
+    write_kubeconfig(run / "node.kubeconfig", server, pki, "node")
+    write_kubeconfig(run / "kube-proxy.kubeconfig", server, pki, "kube-proxy")
 
     pids: dict[str, int] = {}
     state = {
@@ -434,11 +455,14 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
             deadline,
             pids,
         )
+        if args.node:
+            command = [sys.executable, "-m", "tests.support.kube.node"]
+            state["binaries"][KUBELET] = command
+            pids[KUBELET] = start(run, KUBELET, node_args(run, args.node_cpu), command)
+            save()
+            wait_for(f"Node {NODE_NAME} Ready", lambda: node_ready(server, pki), deadline, pids)
     except BaseException:
-        print(f"start-up failed; logs in {run / 'logs'}", file=sys.stderr)
-        for name in reversed(list(pids)):
-            tail = (run / "logs" / f"{name}.log").read_text(errors="replace").splitlines()[-15:]
-            print(f"--- {name} (last lines) ---", *tail, sep="\n", file=sys.stderr)
+        print_failure(run, list(pids))
         for proc in reversed(procs.values()):
             proc.terminate()
             try:
@@ -451,21 +475,66 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
     t_all = time.monotonic() - t0
     state["startup_s"] = {"apiserver_ready": round(t_api, 2), "all_ready": round(t_all, 2)}
     save()
+    node = f"; node {NODE_NAME} Ready (pods' logs in {run / 'node' / 'logs'})" if args.node else ""
     print(
         f"control plane {KUBE_VERSION} up at {server} in {t_all:.1f} s "
-        f"(apiserver /readyz after {t_api:.1f} s); logs in {run / 'logs'}"
+        f"(apiserver /readyz after {t_api:.1f} s){node}; logs in {run / 'logs'}"
     )
     print(f"KUBECONFIG={kubeconfig}")
     return 0
 
 
+def node_unsupported() -> str | None:
+    """Why the process kubelet cannot run here, or None."""
+    sys.path.insert(0, str(ROOT))
+    from tests.support.kube.kubelet import unsupported_reason
+
+    if shutil.which("ip") is None:
+        return "the node agent routes its pod network with `ip` (iproute2)"
+    return unsupported_reason()
+
+
+def print_failure(run: Path, names: list[str]) -> None:
+    """The last lines of the logs of what was started (and of the kubelet's own log)."""
+    print(f"start-up failed; logs in {run / 'logs'}", file=sys.stderr)
+    for name in reversed(names):
+        tail = (run / "logs" / f"{name}.log").read_text(errors="replace").splitlines()[-15:]
+        print(f"--- {name} (last lines) ---", *tail, sep="\n", file=sys.stderr)
+    kubelet_log = run / "node" / "logs" / "kubelet.log"
+    if kubelet_log.exists():
+        tail = kubelet_log.read_text(errors="replace").splitlines()[-15:]
+        print(f"--- {kubelet_log} (last lines) ---", *tail, sep="\n", file=sys.stderr)
+
+
+def node_args(run: Path, cpu: str | None) -> list[str]:
+    """The arguments of the node agent (tests/support/kube/node.py)."""
+    return [
+        f"--kubeconfig={run / 'node.kubeconfig'}",
+        f"--proxy-kubeconfig={run / 'kube-proxy.kubeconfig'}",
+        f"--workdir={run / 'node'}",
+        f"--service-network={SERVICE_CIDR}",
+        f"--pod-network={POD_CIDR}",
+        f"--name={NODE_NAME}",
+        *([f"--cpu={cpu}"] if cpu else []),
+    ]
+
+
+def node_ready(server: str, pki: Path) -> bool:
+    ok, body = https_ok(f"{server}/api/v1/nodes/{NODE_NAME}", pki)
+    if not ok:
+        return False
+    conditions = json.loads(body).get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
 def stop(state: dict, keep: bool) -> None:
-    for name in reversed(ORDER):
+    for name in [KUBELET, *reversed(ORDER)]:
         pid = state["pids"].get(name)
         if pid is None or not ours(pid, state["binaries"][name]):
             continue
         os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
+        # The kubelet first stops its pods (SIGTERM, at most 10 s grace each, in parallel).
+        for _ in range(300 if name == KUBELET else 100):
             if not ours(pid, state["binaries"][name]):
                 break
             time.sleep(0.1)
@@ -494,9 +563,11 @@ def status(_args: argparse.Namespace) -> int:
         return 1
     state = json.loads(STATE.read_text())
     total = 0.0
-    for name in ORDER:
-        pid = state["pids"].get(name)
-        alive = pid is not None and ours(pid, state["binaries"][name])
+    for name in [*ORDER, KUBELET]:
+        if name not in state["pids"]:
+            continue
+        pid = state["pids"][name]
+        alive = ours(pid, state["binaries"][name])
         rss = rss_mib(pid) if alive else None
         total += rss or 0.0
         shown = f"{rss:.0f} MiB RSS" if rss is not None else "not running"
@@ -513,6 +584,13 @@ def main() -> int:
     u = sub.add_parser("up", help="start the control plane")
     u.add_argument("--port", type=int, default=0, help="apiserver port (default: a free one)")
     u.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for ready")
+    u.add_argument(
+        "--node",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start the process kubelet as the node agent (default; --no-node: no node)",
+    )
+    u.add_argument("--node-cpu", help="the Node's CPU capacity (default: this machine's)")
     d = sub.add_parser("down", help="stop what `up` started")
     d.add_argument("--keep", action="store_true", help="keep the temp dir (logs, etcd data)")
     sub.add_parser("status", help="pids and memory")

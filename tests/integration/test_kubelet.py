@@ -441,6 +441,45 @@ def test_volumes_env_and_mounts_are_the_pods_own(kube: KubeEmulator, tmp_path: P
     assert not Path("/tmp/kubelet-test-private-tmp").exists()  # /tmp is the container's own
 
 
+def test_a_projected_volume_merges_its_sources(kube: KubeEmulator, node: ProcessKubelet) -> None:
+    """configMap, secret and downwardAPI sources in one folder, as the API server's
+    service-account volume (`kube-api-access-*`) has them; a serviceAccountToken source
+    needs the node agent's tokens, so on the emulator such a pod waits, saying why."""
+    kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ca"},
+                 "data": {"ca.crt": "CERT"}})  # fmt: skip
+    kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "key"},
+                 "data": {"k": "czNjcjN0"}})  # fmt: skip
+    script = (
+        "import os\n"
+        "d = '/var/run/projected'\n"
+        "out = ','.join(f'{n}={open(os.path.join(d, n)).read()}' for n in sorted(os.listdir(d)))\n"
+        "open('/dev/termination-log', 'w').write(out)\n"
+    )
+    sources = [
+        {"configMap": {"name": "ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"secret": {"name": "key"}},
+        {"downwardAPI": {"items": [
+            {"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+    ]  # fmt: skip
+    for name, extra in (("projected", []), ("token", [{"serviceAccountToken": {"path": "t"}}])):
+        spec = job(name, script)
+        pod_spec = spec["spec"]["template"]["spec"]
+        pod_spec["volumes"] = [{"name": "all", "projected": {"sources": sources + extra}}]
+        pod_spec["containers"][0]["volumeMounts"] = [
+            {"name": "all", "mountPath": "/var/run/projected"}
+        ]
+        kube.create(spec)
+    wait(kube, node, "jobs", "projected", finished)
+    (result,) = terminated(kube, "projected")
+    assert result["message"] == f"ca.crt=CERT,k=s3cr3t,namespace={NS}", result
+
+    def waiting(pod: dict[str, Any]) -> bool:
+        return "serviceAccountToken" in (pod.get("status") or {}).get("message", "")
+
+    (pod,) = kube.list("pods", NS, labels="job-name=token")
+    wait(kube, node, "pods", pod["metadata"]["name"], waiting)
+
+
 def test_service_monitors_are_scraped_by_prometheus(
     kube: KubeEmulator, node: ProcessKubelet
 ) -> None:

@@ -57,7 +57,7 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     env = {**os.environ, "SLOLINE_CLUSTER_STATE": str(tmp_path_factory.mktemp("cp") / "cp.json")}
     script = str(ROOT / "scripts" / "cluster.py")
     up = subprocess.run(
-        [sys.executable, script, "up", "--timeout", "240"],
+        [sys.executable, script, "up", "--no-node", "--timeout", "240"],
         capture_output=True,
         text=True,
         env=env,

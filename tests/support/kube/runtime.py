@@ -35,6 +35,7 @@ from typing import Any
 from tests.support.kube.podspec import (
     ConfigError,
     Obj,
+    Tokens,
     command_line,
     container_env,
     volume_files,
@@ -82,12 +83,15 @@ class Node:
 
     name: str
     workdir: Path
-    kubeconfig: dict[str, Any]
+    # The pods' kubeconfig (service account), or None where the API server mounts their
+    # service-account folder (a projected volume whose token comes from `tokens`).
+    kubeconfig: dict[str, Any] | None
     config_maps: Callable[[str, str], Obj | None]
     secrets: Callable[[str, str], Obj | None]
     log: Callable[[str], None]
     extra_env: dict[str, str] = field(default_factory=dict)
     restart_backoff_s: float = 0.5
+    tokens: Tokens = None
     max_backoff_s: float = 8.0
     python: str = sys.executable
 
@@ -394,7 +398,9 @@ class PodRuntime:
         self.spec: Obj = pod.get("spec") or {}
         self.dir = node.workdir / "pods" / f"{self.namespace}_{self.name}_{self.uid[:8]}"
         self.hosts_path = self.dir / "hosts"
-        self.service_account = self.spec.get("automountServiceAccountToken", True) is not False
+        self.service_account = node.kubeconfig is not None and (
+            self.spec.get("automountServiceAccountToken", True) is not False
+        )
         self.grace_s = float(self.spec.get("terminationGracePeriodSeconds", 30))
         self.containers = [Container(self, c) for c in self.spec.get("containers") or []]
         self.stopping = False
@@ -456,6 +462,7 @@ class PodRuntime:
                 volume,
                 lambda n: node.config_maps(self.namespace, n),
                 lambda n: node.secrets(self.namespace, n),
+                node.tokens,
             )
             folder = self.dir / "volumes" / name
             if files is not None:
@@ -475,7 +482,7 @@ class PodRuntime:
         if self.service_account:
             account = self.dir / "serviceaccount"
             account.mkdir(exist_ok=True)
-            config = json.loads(json.dumps(self.node.kubeconfig))
+            config = json.loads(json.dumps(self.node.kubeconfig or {}))
             for context in config.get("contexts") or []:
                 context["context"]["namespace"] = self.namespace
             (account / "kubeconfig").write_text(json.dumps(config))
