@@ -159,6 +159,7 @@ def write_pki(d: Path) -> None:
     leaf("scheduler", "system:kube-scheduler", None, server=False)
     leaf("node", f"system:node:{NODE_NAME}", "system:nodes", server=False)
     leaf("kube-proxy", "system:kube-proxy", None, server=False)
+    leaf("kubelet", f"system:node:{NODE_NAME}", "system:nodes", server=True)  # kubectl logs
 
     sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     (d / "sa.key").write_bytes(key_pem(sa))
@@ -374,6 +375,8 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
                 f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                "--kubelet-preferred-address-types=InternalIP",
                 "--authorization-mode=Node,RBAC",
                 # On top of the default plugins (PodSecurity among them), as kubeadm does.
                 "--enable-admission-plugins=NodeRestriction",
@@ -515,6 +518,9 @@ def node_args(run: Path, cpu: str | None) -> list[str]:
         f"--service-network={SERVICE_CIDR}",
         f"--pod-network={POD_CIDR}",
         f"--name={NODE_NAME}",
+        f"--serving-cert={run / 'pki' / 'kubelet.crt'}",
+        f"--serving-key={run / 'pki' / 'kubelet.key'}",
+        f"--client-ca={run / 'pki' / 'ca.crt'}",
         *([f"--cpu={cpu}"] if cpu else []),
     ]
 

@@ -7,7 +7,7 @@ scheduler, and the node agent), then what a user does with kubectl and helm.
   http.server` is scheduled (the real scheduler), made into pods (the real Deployment and
   ReplicaSet controllers), run and probed (the node), published in EndpointSlices (the
   real EndpointSlice controller) and reachable through its Service's cluster IP and,
-  from a Job's pod, by its Service name;
+  from another pod, by its Service name; `kubectl logs` shows its output;
 - pods reach the apiserver with the in-cluster config and their own ServiceAccount's
   token (TokenRequest), so RBAC holds: the `default` account is refused, a bound one is
   not;
@@ -309,6 +309,9 @@ def test_a_deployment_runs_ready_and_serves_through_its_service(web: Cluster) ->
     )
     web.kubectl("apply", "-f", "-", stdin=[one_shot_pod("fetch", script)])
     assert finished_message(web, "fetch") == "200 200"
+    # kubectl logs: the apiserver asks the node's kubelet API for the container's output.
+    logs = web.kubectl("logs", "-n", NS, pods[0]["metadata"]["name"]).stdout
+    assert logs.startswith(f"Serving HTTP on {pods[0]['status']['podIP']} port 8080"), logs
 
 
 SA_SCRIPT = """

@@ -53,6 +53,7 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -62,6 +63,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+import aiohttp.web
 
 from tests.support.kube.client import ClusterClient
 from tests.support.kube.controllers import FINALIZER, Controllers
@@ -166,7 +169,9 @@ class ProcessKubelet:
     the apiserver's service CIDR (in 127.0.0.0/8: kube-proxy listens on the cluster IPs
     it allocates), `pod_network` outside 127.0.0.0/8 (EndpointSlices refuse loopback
     addresses: the node routes it to `lo` while it runs, see `LocalRoute`) and `capacity`
-    the Node's (default: this machine's CPUs and memory, 110 pods).
+    the Node's (default: this machine's CPUs and memory, 110 pods). With `serving_tls`
+    (certificate, key, client CA) it serves the kubelet API's container logs (`kubectl
+    logs`) on 127.0.0.1, to clients with a certificate of that CA (the apiserver's).
     `extra_env` is added to every container's environment (after the image's and before
     the pod's own). Its methods are thread-safe and blocking.
     """
@@ -179,6 +184,7 @@ class ProcessKubelet:
         node_name: str = NODE_NAME,
         capacity: Mapping[str, str] | None = None,
         proxy_api: ClusterClient | None = None,
+        serving_tls: tuple[Path, Path, Path] | None = None,
         extra_env: Mapping[str, str] | None = None,
         poll_s: float = 0.1,
         restart_backoff_s: float = 0.5,
@@ -192,6 +198,8 @@ class ProcessKubelet:
         if self.agent and proxy_api is None:
             raise ValueError("a node agent needs kube-proxy's client (proxy_api)")
         self.proxy_api = proxy_api
+        self._serving_tls = serving_tls
+        self._serving_socket: socket.socket | None = None
         self.node_name = node_name
         self._capacity = dict(capacity or default_capacity())
         self.workdir = Path(workdir).resolve()
@@ -232,6 +240,8 @@ class ProcessKubelet:
         if self.agent:
             self._extra_env = {**self._in_cluster_env(), **self._extra_env}
             self._route.add()
+            if self._serving_tls is not None:
+                self._serving_socket = socket.create_server(("127.0.0.1", 0))
         self._node = Node(
             name=self.node_name,
             workdir=self.workdir,
@@ -272,6 +282,8 @@ class ProcessKubelet:
         self._thread.join(self._stop_grace_s + 30)
         self._proxy.close()
         self._route.remove()
+        if self._serving_socket is not None:
+            self._serving_socket.close()
         self._remove_created_mount_points()
         if left := self.pod_processes():
             self.failures.append(RuntimeError(f"pod processes outlived the kubelet: {left}"))
@@ -289,6 +301,7 @@ class ProcessKubelet:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake, self._stop = asyncio.Event(), asyncio.Event()
+        runner = await self._serve_api()
         self._ready.set()
         seen, last_tick = "", 0.0
         while not self._stop.is_set():
@@ -305,6 +318,8 @@ class ProcessKubelet:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._poll_s)
         await self._shutdown()
+        if runner is not None:
+            await runner.cleanup()
 
     async def _shutdown(self) -> None:
         for runtime in list(self._runtimes.values()):
@@ -583,6 +598,7 @@ class ProcessKubelet:
             "allocatable": self._capacity,
             "addresses": addresses,
             "conditions": self._node_conditions(),
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self._serving_port}},
             "nodeInfo": {
                 "kubeletVersion": "process-kubelet",
                 "kubeProxyVersion": "",
@@ -654,6 +670,59 @@ class ProcessKubelet:
                 "nodes", None, self.node_name, patch, subresource="status", patch_type="strategic"
             )
             self._reported = now
+
+    @property
+    def _serving_port(self) -> int:
+        return self._serving_socket.getsockname()[1] if self._serving_socket else 0
+
+    async def _serve_api(self) -> aiohttp.web.AppRunner | None:
+        """The kubelet API's `containerLogs` (what `kubectl logs` asks the apiserver, which
+        asks the node), over TLS to clients with a certificate of the cluster's CA."""
+        if self._serving_tls is None or self._serving_socket is None:
+            return None
+        cert, key, client_ca = self._serving_tls
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(client_ca))
+        context.load_cert_chain(str(cert), str(key))
+        context.verify_mode = ssl.CERT_REQUIRED
+        app = aiohttp.web.Application()
+        app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._container_logs)
+        runner = aiohttp.web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await aiohttp.web.SockSite(runner, self._serving_socket, ssl_context=context).start()
+        return runner
+
+    async def _container_logs(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        """A container's output (the kubelet's own `[kubelet ...]` lines left out):
+        `tailLines`, `limitBytes`; `follow` answers with what there is so far."""
+        where = request.match_info
+        runtime = next(
+            (
+                r
+                for r in reversed(self._launched)
+                if (r.namespace, r.name) == (where["namespace"], where["pod"])
+            ),
+            None,
+        )
+        container = (
+            next((c for c in runtime.containers if c.name == where["container"]), None)
+            if runtime
+            else None
+        )
+        if container is None:
+            what = f"{where['namespace']}/{where['pod']}/{where['container']}"
+            return aiohttp.web.Response(status=404, text=f"no container {what} on this node")
+        text = ""
+        with contextlib.suppress(OSError):
+            text = container.log_path.read_text(errors="replace")
+        lines = [
+            line for line in text.splitlines(keepends=True) if not line.startswith("[kubelet ")
+        ]
+        if tail := request.query.get("tailLines"):
+            lines = lines[-int(tail) :] if int(tail) else []
+        body = "".join(lines)
+        if limit := request.query.get("limitBytes"):
+            body = body.encode()[: int(limit)].decode(errors="ignore")
+        return aiohttp.web.Response(text=body)
 
     def _remove_created_mount_points(self) -> None:
         """Remove the mount points the launchers had to create on the host (deepest first,

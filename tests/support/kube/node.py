@@ -3,7 +3,7 @@
     python -m tests.support.kube.node --kubeconfig NODE.kubeconfig \\
         --proxy-kubeconfig KUBE-PROXY.kubeconfig --workdir DIR \\
         --service-network 127.3.0.0/16 [--pod-network 198.18.0.0/16] [--name local] \\
-        [--cpu 8] [--memory 16Gi]
+        [--cpu 8] [--memory 16Gi] [--serving-cert C --serving-key K --client-ca CA]
 
 `scripts/cluster.py up` starts it after the control plane (docs/e2e.md, "The node
 agent"); it runs until SIGTERM or SIGINT, then stops its pods (SIGTERM, their grace
@@ -16,6 +16,7 @@ import argparse
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 
 from tests.support.kube.client import ClusterClient
@@ -34,7 +35,12 @@ def main() -> int:
     p.add_argument("--name", default=NODE_NAME, help="the Node's name")
     p.add_argument("--cpu", help="the Node's CPU capacity (default: this machine's)")
     p.add_argument("--memory", help="the Node's memory capacity (default: this machine's)")
+    p.add_argument("--serving-cert", help="the kubelet API's TLS certificate (kubectl logs)")
+    p.add_argument("--serving-key", help="its key")
+    p.add_argument("--client-ca", help="the CA of the clients it serves (the apiserver's)")
     args = p.parse_args()
+    tls = (args.serving_cert, args.serving_key, args.client_ca)
+    serving = (Path(tls[0]), Path(tls[1]), Path(tls[2])) if all(tls) else None
     capacity = default_capacity()
     capacity.update({k: v for k, v in (("cpu", args.cpu), ("memory", args.memory)) if v})
     done = threading.Event()
@@ -50,6 +56,7 @@ def main() -> int:
             client,
             args.workdir,
             proxy_api=proxy,
+            serving_tls=serving,
             node_name=args.name,
             capacity=capacity,
             pod_network=args.pod_network,
