@@ -14,10 +14,10 @@ The binaries come from scripts/kube/build.sh (.tools/kube/<version>/bin). Everyt
 cluster per record.
 
 The node is the process kubelet (tests/support/kube/node.py, docs/e2e.md "The node
-agent"): pods run as local processes on 198.18.x.y (a network it routes to `lo` while it
-runs: EndpointSlices refuse loopback addresses), Services get cluster IPs in 127.3.0.0/16,
-on which its kube-proxy listens. It needs root, util-linux and iproute2; without it
-(`--no-node`) pods are scheduled nowhere and stay Pending.
+agent"): pods run as local processes on a /20 of 198.18.0.0/16 (a network it routes to
+`lo` while it runs: EndpointSlices refuse loopback addresses), Services get cluster IPs in
+a /20 of 127.3.0.0/16, on which its kube-proxy listens. It needs root, util-linux and
+iproute2; without it (`--no-node`) pods are scheduled nowhere and stay Pending.
 etcd listens on plain HTTP, loopback only. Certificates need `cryptography` (the project's
 venv has it); `down` and `status` need only the standard library.
 """
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import ipaddress
 import json
 import os
 import shutil
@@ -49,10 +50,11 @@ KUBE_VERSION = "v1.37.2"
 BIN_DIR = ROOT / ".tools" / "kube" / KUBE_VERSION / "bin"
 # $SLOLINE_CLUSTER_STATE moves the record, e.g. for a test's own throwaway control plane.
 STATE = Path(os.environ.get("SLOLINE_CLUSTER_STATE") or ROOT / ".tools" / "kube" / "cluster.json")
-# Loopback, so that the node agent's kube-proxy can listen on the cluster IPs.
-SERVICE_CIDR = "127.3.0.0/16"
-SERVICE_IP = "127.3.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
-POD_CIDR = "198.18.0.0/16"  # the node agent's pod IPs (benchmarking range, routed to lo)
+# Each cluster takes a /20 of both (`networks()`): Services in loopback, so that the node
+# agent's kube-proxy can listen on the cluster IPs; pods in the benchmarking range, which
+# the node agent routes to lo while it runs (EndpointSlices refuse loopback addresses).
+SERVICE_RANGE = "127.3.0.0/16"
+POD_RANGE = "198.18.0.0/16"
 NODE_NAME = "local"
 KUBELET = "process-kubelet"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -68,7 +70,25 @@ def free_port() -> int:
 # --- certificates -------------------------------------------------------------------------
 
 
-def write_pki(d: Path) -> None:
+def networks() -> tuple[str, str]:
+    """(service CIDR, pod CIDR): the first /20 of SERVICE_RANGE and POD_RANGE whose pod
+    network no running node agent has routed, so that clusters side by side do not share
+    addresses."""
+    routed = set()
+    if ip := shutil.which("ip"):
+        shown = subprocess.run(
+            [ip, "route", "show", "table", "local"], capture_output=True, text=True, check=False
+        )
+        routed = {line.split()[1] for line in shown.stdout.splitlines() if line.startswith("local")}
+    services = ipaddress.ip_network(SERVICE_RANGE).subnets(new_prefix=20)
+    pods = ipaddress.ip_network(POD_RANGE).subnets(new_prefix=20)
+    for service, pod in zip(services, pods, strict=True):
+        if str(pod) not in routed:
+            return str(service), str(pod)
+    raise SystemExit(f"every /20 of {POD_RANGE} is routed: too many clusters running")
+
+
+def write_pki(d: Path, service_ip: str) -> None:
     """CA, apiserver serving cert, client certs per component, service-account key pair."""
     import ipaddress
 
@@ -145,7 +165,7 @@ def write_pki(d: Path) -> None:
         if server:
             dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
             dns.append("kubernetes.default.svc.cluster.local")
-            ips = [ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address(SERVICE_IP)]
+            ips = [ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address(service_ip)]
             sans = [x509.DNSName(n) for n in dns] + [x509.IPAddress(i) for i in ips]
             b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         cert = b.sign(ca_key, hashes.SHA256())
@@ -305,7 +325,9 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
     for sub in ("logs", "pids"):
         (run / sub).mkdir()
     pki = run / "pki"
-    write_pki(pki)
+    service_cidr, pod_cidr = networks()
+    # The first address of the service network is the `kubernetes` Service's.
+    write_pki(pki, str(next(ipaddress.ip_network(service_cidr).hosts())))
     ports = {
         "etcd": free_port(),
         "etcd-peer": free_port(),
@@ -328,6 +350,7 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
         "kubeconfig": str(kubeconfig),
         "server": server,
         "ports": ports,
+        "networks": {"services": service_cidr, "pods": pod_cidr},
         "pids": pids,
         "binaries": {n: str(BIN_DIR / n) for n in ORDER},
     }
@@ -381,7 +404,7 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
                 # On top of the default plugins (PodSecurity among them), as kubeadm does.
                 "--enable-admission-plugins=NodeRestriction",
                 "--allow-privileged=true",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={service_cidr}",
                 f"--service-account-issuer={ISSUER}",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -417,7 +440,7 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--cluster-signing-cert-file={pki / 'ca.crt'}",
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={service_cidr}",
                 "--controllers=*,bootstrapsigner,tokencleaner",
                 "--cluster-name=sloline",
             ],
@@ -461,7 +484,8 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
         if args.node:
             command = [sys.executable, "-m", "tests.support.kube.node"]
             state["binaries"][KUBELET] = command
-            pids[KUBELET] = start(run, KUBELET, node_args(run, args.node_cpu), command)
+            node = node_args(run, args.node_cpu, service_cidr, pod_cidr)
+            pids[KUBELET] = start(run, KUBELET, node, command)
             save()
             wait_for(f"Node {NODE_NAME} Ready", lambda: node_ready(server, pki), deadline, pids)
     except BaseException:
@@ -509,14 +533,14 @@ def print_failure(run: Path, names: list[str]) -> None:
         print(f"--- {kubelet_log} (last lines) ---", *tail, sep="\n", file=sys.stderr)
 
 
-def node_args(run: Path, cpu: str | None) -> list[str]:
+def node_args(run: Path, cpu: str | None, service_cidr: str, pod_cidr: str) -> list[str]:
     """The arguments of the node agent (tests/support/kube/node.py)."""
     return [
         f"--kubeconfig={run / 'node.kubeconfig'}",
         f"--proxy-kubeconfig={run / 'kube-proxy.kubeconfig'}",
         f"--workdir={run / 'node'}",
-        f"--service-network={SERVICE_CIDR}",
-        f"--pod-network={POD_CIDR}",
+        f"--service-network={service_cidr}",
+        f"--pod-network={pod_cidr}",
         f"--name={NODE_NAME}",
         f"--serving-cert={run / 'pki' / 'kubelet.crt'}",
         f"--serving-key={run / 'pki' / 'kubelet.key'}",

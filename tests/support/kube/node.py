@@ -2,7 +2,7 @@
 
     python -m tests.support.kube.node --kubeconfig NODE.kubeconfig \\
         --proxy-kubeconfig KUBE-PROXY.kubeconfig --workdir DIR \\
-        --service-network 127.3.0.0/16 [--pod-network 198.18.0.0/16] [--name local] \\
+        --service-network 127.3.0.0/20 [--pod-network 198.18.0.0/20] [--name local] \\
         [--cpu 8] [--memory 16Gi] [--serving-cert C --serving-key K --client-ca CA]
 
 `scripts/cluster.py up` starts it after the control plane (docs/e2e.md, "The node
@@ -30,7 +30,7 @@ def main() -> int:
     p.add_argument("--workdir", required=True, help="pods' folders and logs")
     p.add_argument("--service-network", required=True, help="the apiserver's service CIDR")
     p.add_argument(
-        "--pod-network", default="198.18.0.0/16", help="pod IPs (routed to lo while it runs)"
+        "--pod-network", default="198.18.0.0/20", help="pod IPs (routed to lo while it runs)"
     )
     p.add_argument("--name", default=NODE_NAME, help="the Node's name")
     p.add_argument("--cpu", help="the Node's CPU capacity (default: this machine's)")
