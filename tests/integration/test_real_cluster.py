@@ -12,9 +12,11 @@ scheduler, and the node agent), then what a user does with kubectl and helm.
   token (TokenRequest), so RBAC holds: the `default` account is refused, a bound one is
   not;
 - deleting the Deployment stops its processes (graceful deletion finished by the node);
-- `helm install` of the chart: the operator runs with its own ServiceAccount, the example
-  pipelines are accepted and reconciled without a single refusal from RBAC, and
-  `kubectl get predictionpipelines` shows the printer columns.
+- `helm install` of the chart: the operator runs with its own ServiceAccount; the example
+  pipelines are accepted in a restricted namespace and reconciled, and `kubectl get
+  predictionpipelines` shows the printer columns; digits-cascade (its models from this
+  checkout) is profiled, planned and served (an inference through the router's Service)
+  without a single refusal from RBAC, and deleting it removes all its objects.
 
 Skipped where the control plane's binaries are not built (scripts/kube/build.sh) or the
 process kubelet cannot run (root, util-linux, iproute2).
@@ -40,14 +42,17 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from tests.support.cluster import CATALOG
 from tests.support.kube.kubectl import kubectl_binary
 from tests.support.kube.kubelet import unsupported_reason
+from tests.support.serve import build_example
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN_DIR = ROOT / ".tools" / "kube" / "v1.37.2" / "bin"
 HELM = ROOT / ".tools" / "bin" / "helm"
 KUBE_VERSION = "v1.37.2"
 NS = "web"
+EXAMPLE = ROOT / "manifests" / "examples" / "digits-cascade.yaml"
 T = TypeVar("T")
 
 
@@ -208,7 +213,12 @@ def web_objects() -> list[dict[str, Any]]:
                 "selector": {"matchLabels": {"app": "web"}},
                 "template": {
                     "metadata": {"labels": {"app": "web"}},
-                    "spec": {"securityContext": RESTRICTED_POD, "containers": [container]},
+                    "spec": {
+                        "securityContext": RESTRICTED_POD,
+                        "containers": [container],
+                        # http.server as PID 1 has no SIGTERM handler: it would wait 30 s.
+                        "terminationGracePeriodSeconds": 1,
+                    },
                 },
             },
         },
@@ -384,50 +394,115 @@ def test_deleting_the_deployment_stops_its_processes(web: Cluster) -> None:
 # -- the chart ------------------------------------------------------------------------------
 
 
-def test_helm_installs_the_operator_which_reconciles_the_examples(cluster: Cluster) -> None:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def chart(cluster: Cluster) -> Cluster:
+    """The chart installed (release `sloline` in `sloline-system`, restricted), with the
+    examples' models from this checkout (hostPath) and small profiling."""
     if not HELM.exists():
         pytest.skip("helm is not installed (make .tools/bin/helm)")
+    build_example("digits-cascade")
     labels = {"pod-security.kubernetes.io/enforce": "restricted"}
-    cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        stdin=[
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n, "labels": labels}}
-            for n in ("sloline-system", "ml")
-        ],
-    )
-    # As on the stand-in cluster: the operator's servers bind 0.0.0.0, where the pods
-    # share the host's ports (docs/e2e.md, "Not emulated").
-    values = {"operator": {"ports": {"metrics": 8090, "health": 8091}}}
+    namespaces = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n, "labels": labels}}
+        for n in ("sloline-system", "ml")
+    ]
+    # Its models come from a hostPath, which `restricted` forbids.
+    namespaces.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "serve"}})
+    cluster.kubectl("apply", "-f", "-", stdin=namespaces)
+    examples = str(ROOT / "examples")
+    values = {
+        # The operator's servers bind 0.0.0.0 where pods share the host's ports (docs/e2e.md,
+        # "Not emulated"): free ones, so that no other cluster on this machine holds them.
+        "operator": {"ports": {"metrics": free_port(), "health": free_port()}},
+        "settings": {
+            "catalog": CATALOG,
+            "profiling": {"cap": 4, "repeats": 3, "budgetS": 0.2, "pollS": 0.5},
+            "models": {
+                "root": examples,
+                "volume": {"hostPath": {"path": examples, "type": "Directory"}},
+            },
+        },
+    }
     subprocess.run(
         [str(HELM), "install", "sloline", str(ROOT / "helm" / "sloline"),
          "--namespace", "sloline-system", "--kubeconfig", cluster.kubeconfig,
          "--wait", "--timeout", "120s", "-f", "-"],
         input=yaml.safe_dump(values), capture_output=True, text=True, check=True, timeout=180,
     )  # fmt: skip
-    operator = cluster.get("pods", "-n", "sloline-system")["items"]
+    return cluster
+
+
+def operator_log(cluster: Cluster) -> str:
+    return cluster.node_log("sloline-system_sloline-operator-*_operator.log")
+
+
+def test_helm_installs_the_operator_which_takes_the_examples(chart: Cluster) -> None:
+    operator = chart.get("pods", "-n", "sloline-system")["items"]
     assert [p["spec"]["serviceAccountName"] for p in operator] == ["sloline-operator"]
     assert operator[0]["status"]["phase"] == "Running"
     for example in sorted((ROOT / "manifests" / "examples").glob("*.yaml")):
-        cluster.kubectl("apply", "-n", "ml", "-f", str(example))
+        chart.kubectl("apply", "-n", "ml", "-f", str(example))
 
     def phases() -> dict[str, str] | None:
-        items = cluster.get("predictionpipelines", "-n", "ml")["items"]
+        items = chart.get("predictionpipelines", "-n", "ml")["items"]
         found = {i["metadata"]["name"]: (i.get("status") or {}).get("phase") for i in items}
         return found if len(found) == 2 and all(found.values()) else None
 
-    found = wait_for("both pipelines have a phase", phases, 60, cluster.node_log)
-    table = cluster.kubectl("get", "predictionpipelines", "-n", "ml").stdout.splitlines()
+    found = wait_for("both pipelines have a phase", phases, 60, lambda: operator_log(chart))
+    table = chart.kubectl("get", "predictionpipelines", "-n", "ml").stdout.splitlines()
     columns = ["NAME", "READY", "URL", "PHASE", "SLO", "EST-P99", "COST/H", "ATTAINMENT", "AGE"]
     assert table[0].split() == columns
     for row in table[1:]:
         name, *rest = row.split()
         assert found[name] in rest, table
-    jobs = cluster.get("jobs", "-n", "ml")["items"]
-    assert jobs and all(
-        j["metadata"]["ownerReferences"][0]["kind"] == "PredictionPipeline" for j in jobs
+    jobs = chart.get("jobs", "-n", "ml")["items"]
+    assert jobs
+    assert all(j["metadata"]["ownerReferences"][0]["kind"] == "PredictionPipeline" for j in jobs)
+    chart.kubectl("delete", "namespace", "ml", "--wait=false")
+
+
+def test_the_operator_serves_a_pipeline_and_deleting_it_removes_everything(
+    chart: Cluster,
+) -> None:
+    chart.kubectl("apply", "-n", "serve", "-f", str(EXAMPLE))
+
+    def ready() -> bool:
+        item = chart.get("predictionpipeline", "-n", "serve", "digits-cascade")
+        return (item.get("status") or {}).get("phase") == "Ready"
+
+    def why() -> str:
+        return chart.kubectl("get", "slp,deploy,jobs,pods", "-n", "serve", check=False).stdout + (
+            operator_log(chart)
+        )
+
+    wait_for("digits-cascade Ready", ready, 300, why)
+    router = chart.get("service", "-n", "serve", "digits-cascade-router")["spec"]["clusterIP"]
+    request = {
+        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}]
+    }
+    answer = urllib.request.urlopen(
+        urllib.request.Request(
+            f"http://{router}:8000/v2/models/digits-cascade/infer",
+            data=json.dumps(request).encode(),
+            headers={"Content-Type": "application/json"},
+        ),
+        timeout=30,
     )
-    log = cluster.node_log("sloline-system_sloline-operator-*_operator.log")
-    assert "Forbidden" not in log and " 403" not in log, log
-    cluster.kubectl("delete", "namespace", "ml", "--wait=false")
+    outputs = {o["name"]: o for o in json.loads(answer.read())["outputs"]}
+    assert outputs["probabilities"]["shape"] == [1, 10]
+    assert 0 <= int(outputs["label"]["data"][0]) <= 9
+    log = operator_log(chart)
+    assert "Forbidden" not in log and " 403" not in log, log  # the chart's RBAC suffices
+    chart.kubectl("delete", "predictionpipeline", "-n", "serve", "digits-cascade")
+
+    def gone() -> bool:
+        left = chart.get("deploy,svc,configmap,secret,jobs,pods", "-n", "serve")["items"]
+        return not [o for o in left if o["metadata"]["name"] != "kube-root-ca.crt"]
+
+    wait_for("the pipeline's objects gone (garbage collection)", gone, 120, why)
