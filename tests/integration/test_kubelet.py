@@ -442,8 +442,8 @@ def test_volumes_env_and_mounts_are_the_pods_own(kube: KubeEmulator, tmp_path: P
 
 
 def test_a_projected_volume_merges_its_sources(kube: KubeEmulator, node: ProcessKubelet) -> None:
-    """configMap, secret and downwardAPI sources in one folder, as the API server's
-    service-account volume (`kube-api-access-*`) has them; a serviceAccountToken source
+    """configMap, secret and downwardAPI sources in one read-only folder, as the API
+    server's service-account volume (`kube-api-access-*`) has them; a serviceAccountToken source
     needs the node agent's tokens, so on the emulator such a pod waits, saying why."""
     kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ca"},
                  "data": {"ca.crt": "CERT"}})  # fmt: skip
@@ -453,6 +453,10 @@ def test_a_projected_volume_merges_its_sources(kube: KubeEmulator, node: Process
         "import os\n"
         "d = '/var/run/projected'\n"
         "out = ','.join(f'{n}={open(os.path.join(d, n)).read()}' for n in sorted(os.listdir(d)))\n"
+        "try:\n"
+        "    open(os.path.join(d, 'new'), 'w')\n"
+        "except OSError:\n"
+        "    out += ' read-only'\n"
         "open('/dev/termination-log', 'w').write(out)\n"
     )
     sources = [
@@ -471,7 +475,7 @@ def test_a_projected_volume_merges_its_sources(kube: KubeEmulator, node: Process
         kube.create(spec)
     wait(kube, node, "jobs", "projected", finished)
     (result,) = terminated(kube, "projected")
-    assert result["message"] == f"ca.crt=CERT,k=s3cr3t,namespace={NS}", result
+    assert result["message"] == f"ca.crt=CERT,k=s3cr3t,namespace={NS} read-only", result
 
     def waiting(pod: dict[str, Any]) -> bool:
         return "serviceAccountToken" in (pod.get("status") or {}).get("message", "")

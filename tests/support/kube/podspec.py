@@ -171,7 +171,9 @@ def volume_files(
                 )
                 continue
             found = _source_files(pod, source, volume["name"], config_maps, secrets)
-            files.update(found or {})
+            if found is None:
+                raise ConfigError(f"projected source {sorted(source)} is not emulated")
+            files.update(found)
         return files
     return _source_files(pod, volume, volume["name"], config_maps, secrets)
 

@@ -2,14 +2,16 @@
 process tree in its own PID, mount and UTS namespaces (`podexec.py`), with probes,
 restarts and the Pod status a kubelet reports.
 
-- Volumes are prepared once, when the pod starts: configMap, secret and downwardAPI
-  volumes as files in the pod's folder (read-only mounts), emptyDir as a folder, hostPath
+- Volumes are prepared once, when the pod starts: configMap, secret, downwardAPI and
+  projected volumes as files in the pod's folder (read-only mounts; a projected
+  serviceAccountToken from `Node.tokens`), emptyDir as a folder, hostPath
   as the host path. A missing ConfigMap or Secret keeps the pod Pending
   (ContainerCreating) until it appears; other volume types keep it Pending with a
   message saying they are not emulated.
 - Each container gets, besides its volumeMounts: a private writable /tmp (the image's
   writable layer; the images' WORKDIR and HOME), the pod's hosts file at /etc/hosts, the
-  service-account folder (a kubeconfig, as `$KUBECONFIG`, instead of a token) and its own
+  service-account folder (on the emulator: a kubeconfig, as `$KUBECONFIG`, instead of a
+  token; a node agent's pods have the API server's projected volume there) and its own
   termination-message file at `terminationMessagePath`.
 - Stop: SIGTERM to the container's PID 1, SIGKILL to its whole PID namespace after the
   grace period. Restarts (restartPolicy Always, OnFailure on failure) back off
@@ -55,7 +57,7 @@ IMAGE_ENV = {
     "XDG_CACHE_HOME": "/tmp/.cache",
     "NUMBA_CACHE_DIR": "/tmp/numba-cache",
 }
-READ_ONLY_VOLUMES = ("configMap", "secret", "downwardAPI")
+READ_ONLY_VOLUMES = ("configMap", "secret", "downwardAPI", "projected")
 
 
 def tool(name: str) -> str:
