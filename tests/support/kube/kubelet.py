@@ -11,9 +11,9 @@
   registers its Node (capacity, Ready, a Lease in kube-node-lease renewed every
   `LEASE_RENEW_S`), runs the pods the real scheduler binds to it, writes their status
   through `/status`, finishes their graceful deletion, gives them service-account tokens
-  from the TokenRequest API (their projected volumes) and serves Services from the
-  EndpointSlices (kube-proxy, as `system:kube-proxy`) and hosts files. The real
-  controllers do the rest.
+  from the TokenRequest API (their projected volumes), serves Services from the
+  EndpointSlices (kube-proxy, as `system:kube-proxy`) and hosts files, and container
+  logs to the apiserver (`kubectl logs`). The real controllers do the rest.
 
     with KubeEmulator() as kube, ProcessKubelet(kube, tmp_path / "node") as node:
         kube.load(manifests)
@@ -22,7 +22,8 @@
 
 It runs in its own thread and event loop. Every `poll_s` (and at once when one of its
 pods changes) it reads the emulator's resource version (as a node agent: at once on
-every event of its watches of Pods bound to it and of Services, and every second);
+every event of its watches of Pods bound to it, Services and EndpointSlices, and every
+second);
 when anything changed it lists Deployments, Jobs, Pods, Services and ServiceMonitors in
 all namespaces (as a node agent: its own Pods and the Services) and brings the node in
 line (level-triggered, like the real controllers):
@@ -239,7 +240,6 @@ class ProcessKubelet:
         self._log_file = (self.log_dir / "kubelet.log").open("a", buffering=1)
         if self.agent:
             self._extra_env = {**self._in_cluster_env(), **self._extra_env}
-            self._route.add()
             if self._serving_tls is not None:
                 self._serving_socket = socket.create_server(("127.0.0.1", 0))
         self._node = Node(
@@ -255,9 +255,14 @@ class ProcessKubelet:
             restart_backoff_s=self._restart_backoff_s,
             tokens=self._token if self.agent else None,
         )
-        self._controllers = Controllers(self.api, self.node_name, self.log, self._job_backoff_s)
+        self._controllers = (
+            None
+            if self.agent
+            else Controllers(self.api, self.node_name, self.log, self._job_backoff_s)
+        )
         self._proxy = ProxyProcess(self.log_dir / "kube-proxy.log")
         self._register_node()
+        self._route.add()  # a no-op on the emulator's loopback pod network
         write_targets(self.targets_file, [])
         self._thread.start()
         if not self._ready.wait(10):
@@ -341,6 +346,7 @@ class ProcessKubelet:
             table[f"{self._kubernetes_ip}:443"] = [f"{host}:{port}"]
             self._sync_network(services, table)
             return
+        assert self._controllers is not None
         deployments, jobs = self.api.list("deployments"), self.api.list("jobs")
         pods = self.api.list("pods")
         self._controllers.sync(deployments, jobs, pods)
@@ -357,7 +363,8 @@ class ProcessKubelet:
     def _wake_up(self) -> None:
         """A watch event (from a watch thread): tick at once."""
         if self._loop is not None and self._wake is not None:
-            self._loop.call_soon_threadsafe(self._wake.set)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the kubelet stopped
+                self._loop.call_soon_threadsafe(self._wake.set)
 
     def _list_if_served(self, resource: str) -> list[Obj]:
         try:
@@ -427,8 +434,11 @@ class ProcessKubelet:
         meta = pod["metadata"]
         if self.agent:
             options = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
-            with contextlib.suppress(ApiError):  # gone, or a new pod of the same name
+            try:
                 self.api.delete("pods", meta["namespace"], meta["name"], options)
+            except ApiError as exc:
+                if exc.status not in (404, 409):  # gone, or a new pod of the same name
+                    raise
             return
         try:
             live = self.api.get("pods", meta["namespace"], meta["name"])
