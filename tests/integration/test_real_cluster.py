@@ -133,7 +133,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         found = re.search(r"^KUBECONFIG=(.+)$", up.stdout, re.MULTILINE)
         assert found, up.stdout
         run = Path(json.loads(state.read_text())["dir"])
-        yield Cluster(found.group(1), run, kubectl_binary())
+        cluster = Cluster(found.group(1), run, kubectl_binary())
+        yield cluster
+        log = (run / "node" / "logs" / "kubelet.log").read_text(errors="replace")
+        failed = [line for line in log.splitlines() if line.endswith("failed:")]
+        assert not failed, cluster.node_log()  # the node agent met no error
     finally:
         subprocess.run([*script, "down"], env=env, timeout=120, check=False)
 
@@ -481,7 +485,7 @@ def test_the_operator_serves_a_pipeline_and_deleting_it_removes_everything(
             operator_log(chart)
         )
 
-    wait_for("digits-cascade Ready", ready, 300, why)
+    wait_for("digits-cascade Ready", ready, 420, why)
     router = chart.get("service", "-n", "serve", "digits-cascade-router")["spec"]["clusterIP"]
     request = {
         "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}]
@@ -501,8 +505,14 @@ def test_the_operator_serves_a_pipeline_and_deleting_it_removes_everything(
     assert "Forbidden" not in log and " 403" not in log, log  # the chart's RBAC suffices
     chart.kubectl("delete", "predictionpipeline", "-n", "serve", "digits-cascade")
 
-    def gone() -> bool:
-        left = chart.get("deploy,svc,configmap,secret,jobs,pods", "-n", "serve")["items"]
-        return not [o for o in left if o["metadata"]["name"] != "kube-root-ca.crt"]
+    def left() -> list[str]:
+        items = chart.get("deploy,svc,configmap,secret,jobs,pods", "-n", "serve")["items"]
+        names = [f"{o['kind']}/{o['metadata']['name']}" for o in items]
+        return [n for n in names if n != "ConfigMap/kube-root-ca.crt"]
 
-    wait_for("the pipeline's objects gone (garbage collection)", gone, 120, why)
+    def still_there() -> str:
+        return f"left: {left()}\n{why()}"
+
+    wait_for(
+        "the pipeline's objects gone (garbage collection)", lambda: not left(), 240, still_there
+    )
