@@ -20,6 +20,7 @@ import pytest
 from tests.support.kube import KubeEmulator
 from tests.support.kube.kubelet import ProcessKubelet, unsupported_reason
 from tests.support.kube.monitoring import SERVICE_MONITOR_CRD
+from tests.support.kube.network import slice_table
 from tests.support.net import free_port
 
 NS = "default"
@@ -539,3 +540,37 @@ def test_pods_of_a_deployment_that_is_gone_are_collected(
     while node.pod_processes():
         assert time.monotonic() < deadline, node.explain()
         time.sleep(0.05)
+
+
+def test_the_node_agents_proxy_table_comes_from_endpoint_slices() -> None:
+    """kube-proxy on a real control plane: per Service port, the ready endpoints of its
+    EndpointSlices' port of the same name (ready unset counts as ready)."""
+    service = {
+        "metadata": {"namespace": NS, "name": "web"},
+        "spec": {
+            "clusterIP": "127.3.0.9",
+            "ports": [{"name": "http", "port": 80}, {"name": "metrics", "port": 9090}],
+        },
+    }
+    headless = {"metadata": {"namespace": NS, "name": "peers"}, "spec": {"clusterIP": "None"}}
+    endpoints = [
+        {"addresses": ["198.18.0.1"], "conditions": {"ready": True}},
+        {"addresses": ["198.18.0.2"], "conditions": {"ready": False}},
+        {"addresses": ["198.18.0.3"]},
+    ]
+    slices = [
+        {
+            "metadata": {"namespace": NS, "labels": {"kubernetes.io/service-name": "web"}},
+            "ports": [{"name": "http", "port": 8080}],
+            "endpoints": endpoints,
+        },
+        {  # another namespace's Service of the same name
+            "metadata": {"namespace": "other", "labels": {"kubernetes.io/service-name": "web"}},
+            "ports": [{"name": "http", "port": 8080}],
+            "endpoints": [{"addresses": ["198.18.0.4"]}],
+        },
+    ]
+    assert slice_table([service, headless], slices) == {
+        "127.3.0.9:80": ["198.18.0.1:8080", "198.18.0.3:8080"],
+        "127.3.0.9:9090": [],
+    }
