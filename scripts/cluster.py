@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Start and stop a real Kubernetes control plane on 127.0.0.1.
 
-    scripts/cluster.py up       etcd, kube-apiserver, kube-controller-manager, kube-scheduler;
-                                waits for /readyz, prints KUBECONFIG=<path> on its own line
+    scripts/cluster.py up       etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+                                and the process kubelet as the node agent (`--no-node`: none);
+                                waits for /readyz and the Node's Ready, then prints
+                                KUBECONFIG=<path> on its own line
     scripts/cluster.py status   pids, ports and resident memory of what `up` started
     scripts/cluster.py down     stops everything `up` started (pid files), removes its temp dir
 
@@ -11,7 +13,11 @@ The binaries come from scripts/kube/build.sh (.tools/kube/<version>/bin). Everyt
 .tools/kube/cluster.json (or $SLOLINE_CLUSTER_STATE) records where, and the pids. Only one
 cluster per record.
 
-There is no node: no kubelet registers, so pods are scheduled nowhere (they stay Pending).
+The node is the process kubelet (tests/support/kube/node.py, docs/e2e.md "The node
+agent"): pods run as local processes on a /20 of 198.18.0.0/16 (a network it routes to
+`lo` while it runs: EndpointSlices refuse loopback addresses), Services get cluster IPs in
+a /20 of 127.3.0.0/16, on which its kube-proxy listens. It needs root, util-linux and
+iproute2; without it (`--no-node`) pods are scheduled nowhere and stay Pending.
 etcd listens on plain HTTP, loopback only. Certificates need `cryptography` (the project's
 venv has it); `down` and `status` need only the standard library.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import ipaddress
 import json
 import os
 import shutil
@@ -43,8 +50,13 @@ KUBE_VERSION = "v1.37.2"
 BIN_DIR = ROOT / ".tools" / "kube" / KUBE_VERSION / "bin"
 # $SLOLINE_CLUSTER_STATE moves the record, e.g. for a test's own throwaway control plane.
 STATE = Path(os.environ.get("SLOLINE_CLUSTER_STATE") or ROOT / ".tools" / "kube" / "cluster.json")
-SERVICE_CIDR = "10.0.0.0/24"
-SERVICE_IP = "10.0.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
+# Each cluster takes a /20 of both (`networks()`): Services in loopback, so that the node
+# agent's kube-proxy can listen on the cluster IPs; pods in the benchmarking range, which
+# the node agent routes to lo while it runs (EndpointSlices refuse loopback addresses).
+SERVICE_RANGE = "127.3.0.0/16"
+POD_RANGE = "198.18.0.0/16"
+NODE_NAME = "local"
+KUBELET = "process-kubelet"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 ORDER = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
 
@@ -58,7 +70,25 @@ def free_port() -> int:
 # --- certificates -------------------------------------------------------------------------
 
 
-def write_pki(d: Path) -> None:
+def networks() -> tuple[str, str]:
+    """(service CIDR, pod CIDR): the first /20 of SERVICE_RANGE and POD_RANGE whose pod
+    network no running node agent has routed, so that clusters side by side do not share
+    addresses."""
+    routed = set()
+    if ip := shutil.which("ip"):
+        shown = subprocess.run(
+            [ip, "route", "show", "table", "local"], capture_output=True, text=True, check=False
+        )
+        routed = {line.split()[1] for line in shown.stdout.splitlines() if line.startswith("local")}
+    services = ipaddress.ip_network(SERVICE_RANGE).subnets(new_prefix=20)
+    pods = ipaddress.ip_network(POD_RANGE).subnets(new_prefix=20)
+    for service, pod in zip(services, pods, strict=True):
+        if str(pod) not in routed:
+            return str(service), str(pod)
+    raise SystemExit(f"every /20 of {POD_RANGE} is routed: too many clusters running")
+
+
+def write_pki(d: Path, service_ip: str) -> None:
     """CA, apiserver serving cert, client certs per component, service-account key pair."""
     import ipaddress
 
@@ -135,7 +165,7 @@ def write_pki(d: Path) -> None:
         if server:
             dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
             dns.append("kubernetes.default.svc.cluster.local")
-            ips = [ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address(SERVICE_IP)]
+            ips = [ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address(service_ip)]
             sans = [x509.DNSName(n) for n in dns] + [x509.IPAddress(i) for i in ips]
             b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         cert = b.sign(ca_key, hashes.SHA256())
@@ -147,6 +177,9 @@ def write_pki(d: Path) -> None:
     leaf("admin", "kubernetes-admin", "system:masters", server=False)
     leaf("controller-manager", "system:kube-controller-manager", None, server=False)
     leaf("scheduler", "system:kube-scheduler", None, server=False)
+    leaf("node", f"system:node:{NODE_NAME}", "system:nodes", server=False)
+    leaf("kube-proxy", "system:kube-proxy", None, server=False)
+    leaf("kubelet", f"system:node:{NODE_NAME}", "system:nodes", server=True)  # kubectl logs
 
     sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     (d / "sa.key").write_bytes(key_pem(sa))
@@ -194,10 +227,12 @@ def cmdline(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def ours(pid: int, binary: str) -> bool:
-    """The pid is still the process we started (not a reused pid)."""
+def ours(pid: int, command: str | list[str]) -> bool:
+    """The pid is still the process we started (not a reused pid): its command line starts
+    with the binary (or the recorded command)."""
+    expected = [command] if isinstance(command, str) else command
     args = cmdline(pid)
-    return bool(args) and args[0] == binary
+    return bool(args) and args[: len(expected)] == expected
 
 
 def rss_mib(pid: int) -> float | None:
@@ -215,15 +250,17 @@ def rss_mib(pid: int) -> float | None:
 procs: dict[str, subprocess.Popen[bytes]] = {}
 
 
-def start(run: Path, name: str, args: list[str]) -> int:
-    binary = str(BIN_DIR / name)
+def start(run: Path, name: str, args: list[str], command: list[str] | None = None) -> int:
+    """Start a binary of BIN_DIR (or `command`) with `args`, logging to logs/<name>.log."""
     log = open(run / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - child owns it
     proc = subprocess.Popen(
-        [binary, *args],
+        [*(command or [str(BIN_DIR / name)]), *args],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # not killed by the caller's Ctrl-C; `down` stops it
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)} if command else None,
     )
     log.close()
     procs[name] = proc
@@ -279,13 +316,18 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
             f"missing {', '.join(missing)} in {BIN_DIR}: run scripts/kube/build.sh", file=sys.stderr
         )
         return 2
+    if args.node and (reason := node_unsupported()):
+        print(f"no node here: {reason}; `up --no-node` starts the control plane alone")
+        return 2
 
     t0 = time.monotonic()
     run = Path(tempfile.mkdtemp(prefix="sloline-cluster-"))
     for sub in ("logs", "pids"):
         (run / sub).mkdir()
     pki = run / "pki"
-    write_pki(pki)
+    service_cidr, pod_cidr = networks()
+    # The first address of the service network is the `kubernetes` Service's.
+    write_pki(pki, str(next(ipaddress.ip_network(service_cidr).hosts())))
     ports = {
         "etcd": free_port(),
         "etcd-peer": free_port(),
@@ -298,6 +340,8 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
     write_kubeconfig(kubeconfig, server, pki, "admin")
     write_kubeconfig(run / "controller-manager.kubeconfig", server, pki, "controller-manager")
     write_kubeconfig(run / "scheduler.kubeconfig", server, pki, "scheduler")
+    write_kubeconfig(run / "node.kubeconfig", server, pki, "node")
+    write_kubeconfig(run / "kube-proxy.kubeconfig", server, pki, "kube-proxy")
 
     pids: dict[str, int] = {}
     state = {
@@ -306,6 +350,7 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
         "kubeconfig": str(kubeconfig),
         "server": server,
         "ports": ports,
+        "networks": {"services": service_cidr, "pods": pod_cidr},
         "pids": pids,
         "binaries": {n: str(BIN_DIR / n) for n in ORDER},
     }
@@ -353,11 +398,13 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
                 f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                "--kubelet-preferred-address-types=InternalIP",
                 "--authorization-mode=Node,RBAC",
                 # On top of the default plugins (PodSecurity among them), as kubeadm does.
                 "--enable-admission-plugins=NodeRestriction",
                 "--allow-privileged=true",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={service_cidr}",
                 f"--service-account-issuer={ISSUER}",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -393,7 +440,7 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--cluster-signing-cert-file={pki / 'ca.crt'}",
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={service_cidr}",
                 "--controllers=*,bootstrapsigner,tokencleaner",
                 "--cluster-name=sloline",
             ],
@@ -434,11 +481,15 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
             deadline,
             pids,
         )
+        if args.node:
+            command = [sys.executable, "-m", "tests.support.kube.node"]
+            state["binaries"][KUBELET] = command
+            node = node_args(run, args.node_cpu, service_cidr, pod_cidr)
+            pids[KUBELET] = start(run, KUBELET, node, command)
+            save()
+            wait_for(f"Node {NODE_NAME} Ready", lambda: node_ready(server, pki), deadline, pids)
     except BaseException:
-        print(f"start-up failed; logs in {run / 'logs'}", file=sys.stderr)
-        for name in reversed(list(pids)):
-            tail = (run / "logs" / f"{name}.log").read_text(errors="replace").splitlines()[-15:]
-            print(f"--- {name} (last lines) ---", *tail, sep="\n", file=sys.stderr)
+        print_failure(run, list(pids))
         for proc in reversed(procs.values()):
             proc.terminate()
             try:
@@ -451,21 +502,69 @@ def up(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one linear start-up
     t_all = time.monotonic() - t0
     state["startup_s"] = {"apiserver_ready": round(t_api, 2), "all_ready": round(t_all, 2)}
     save()
+    node = f"; node {NODE_NAME} Ready (pods' logs in {run / 'node' / 'logs'})" if args.node else ""
     print(
         f"control plane {KUBE_VERSION} up at {server} in {t_all:.1f} s "
-        f"(apiserver /readyz after {t_api:.1f} s); logs in {run / 'logs'}"
+        f"(apiserver /readyz after {t_api:.1f} s){node}; logs in {run / 'logs'}"
     )
     print(f"KUBECONFIG={kubeconfig}")
     return 0
 
 
+def node_unsupported() -> str | None:
+    """Why the process kubelet cannot run here, or None."""
+    sys.path.insert(0, str(ROOT))
+    from tests.support.kube.kubelet import unsupported_reason
+
+    if shutil.which("ip") is None:
+        return "the node agent routes its pod network with `ip` (iproute2)"
+    return unsupported_reason()
+
+
+def print_failure(run: Path, names: list[str]) -> None:
+    """The last lines of the logs of what was started (and of the kubelet's own log)."""
+    print(f"start-up failed; logs in {run / 'logs'}", file=sys.stderr)
+    for name in reversed(names):
+        tail = (run / "logs" / f"{name}.log").read_text(errors="replace").splitlines()[-15:]
+        print(f"--- {name} (last lines) ---", *tail, sep="\n", file=sys.stderr)
+    kubelet_log = run / "node" / "logs" / "kubelet.log"
+    if kubelet_log.exists():
+        tail = kubelet_log.read_text(errors="replace").splitlines()[-15:]
+        print(f"--- {kubelet_log} (last lines) ---", *tail, sep="\n", file=sys.stderr)
+
+
+def node_args(run: Path, cpu: str | None, service_cidr: str, pod_cidr: str) -> list[str]:
+    """The arguments of the node agent (tests/support/kube/node.py)."""
+    return [
+        f"--kubeconfig={run / 'node.kubeconfig'}",
+        f"--proxy-kubeconfig={run / 'kube-proxy.kubeconfig'}",
+        f"--workdir={run / 'node'}",
+        f"--service-network={service_cidr}",
+        f"--pod-network={pod_cidr}",
+        f"--name={NODE_NAME}",
+        f"--serving-cert={run / 'pki' / 'kubelet.crt'}",
+        f"--serving-key={run / 'pki' / 'kubelet.key'}",
+        f"--client-ca={run / 'pki' / 'ca.crt'}",
+        *([f"--cpu={cpu}"] if cpu else []),
+    ]
+
+
+def node_ready(server: str, pki: Path) -> bool:
+    ok, body = https_ok(f"{server}/api/v1/nodes/{NODE_NAME}", pki)
+    if not ok:
+        return False
+    conditions = json.loads(body).get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
 def stop(state: dict, keep: bool) -> None:
-    for name in reversed(ORDER):
+    for name in [KUBELET, *reversed(ORDER)]:
         pid = state["pids"].get(name)
         if pid is None or not ours(pid, state["binaries"][name]):
             continue
         os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
+        # The kubelet first stops its pods (SIGTERM, at most 10 s grace each, in parallel).
+        for _ in range(300 if name == KUBELET else 100):
             if not ours(pid, state["binaries"][name]):
                 break
             time.sleep(0.1)
@@ -494,9 +593,11 @@ def status(_args: argparse.Namespace) -> int:
         return 1
     state = json.loads(STATE.read_text())
     total = 0.0
-    for name in ORDER:
-        pid = state["pids"].get(name)
-        alive = pid is not None and ours(pid, state["binaries"][name])
+    for name in [*ORDER, KUBELET]:
+        if name not in state["pids"]:
+            continue
+        pid = state["pids"][name]
+        alive = ours(pid, state["binaries"][name])
         rss = rss_mib(pid) if alive else None
         total += rss or 0.0
         shown = f"{rss:.0f} MiB RSS" if rss is not None else "not running"
@@ -513,6 +614,13 @@ def main() -> int:
     u = sub.add_parser("up", help="start the control plane")
     u.add_argument("--port", type=int, default=0, help="apiserver port (default: a free one)")
     u.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for ready")
+    u.add_argument(
+        "--node",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start the process kubelet as the node agent (default; --no-node: no node)",
+    )
+    u.add_argument("--node-cpu", help="the Node's CPU capacity (default: this machine's)")
     d = sub.add_parser("down", help="stop what `up` started")
     d.add_argument("--keep", action="store_true", help="keep the temp dir (logs, etcd data)")
     sub.add_parser("status", help="pids and memory")

@@ -20,6 +20,7 @@ import pytest
 from tests.support.kube import KubeEmulator
 from tests.support.kube.kubelet import ProcessKubelet, unsupported_reason
 from tests.support.kube.monitoring import SERVICE_MONITOR_CRD
+from tests.support.kube.network import slice_table
 from tests.support.net import free_port
 
 NS = "default"
@@ -621,6 +622,49 @@ def test_volumes_env_and_mounts_are_the_pods_own(kube: KubeEmulator, tmp_path: P
     assert not Path("/tmp/kubelet-test-private-tmp").exists()  # /tmp is the container's own
 
 
+def test_a_projected_volume_merges_its_sources(kube: KubeEmulator, node: ProcessKubelet) -> None:
+    """configMap, secret and downwardAPI sources in one read-only folder, as the API
+    server's service-account volume (`kube-api-access-*`) has them; a serviceAccountToken source
+    needs the node agent's tokens, so on the emulator such a pod waits, saying why."""
+    kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ca"},
+                 "data": {"ca.crt": "CERT"}})  # fmt: skip
+    kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "key"},
+                 "data": {"k": "czNjcjN0"}})  # fmt: skip
+    script = (
+        "import os\n"
+        "d = '/var/run/projected'\n"
+        "out = ','.join(f'{n}={open(os.path.join(d, n)).read()}' for n in sorted(os.listdir(d)))\n"
+        "try:\n"
+        "    open(os.path.join(d, 'new'), 'w')\n"
+        "except OSError:\n"
+        "    out += ' read-only'\n"
+        "open('/dev/termination-log', 'w').write(out)\n"
+    )
+    sources = [
+        {"configMap": {"name": "ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"secret": {"name": "key"}},
+        {"downwardAPI": {"items": [
+            {"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+    ]  # fmt: skip
+    for name, extra in (("projected", []), ("token", [{"serviceAccountToken": {"path": "t"}}])):
+        spec = job(name, script)
+        pod_spec = spec["spec"]["template"]["spec"]
+        pod_spec["volumes"] = [{"name": "all", "projected": {"sources": sources + extra}}]
+        pod_spec["containers"][0]["volumeMounts"] = [
+            {"name": "all", "mountPath": "/var/run/projected"}
+        ]
+        kube.create(spec)
+    wait(kube, node, "jobs", "projected", finished)
+    (result,) = terminated(kube, "projected")
+    assert result["message"] == f"ca.crt=CERT,k=s3cr3t,namespace={NS} read-only", result
+
+    def waiting(pod: dict[str, Any]) -> bool:
+        return "serviceAccountToken" in (pod.get("status") or {}).get("message", "")
+
+    (pod,) = kube.list("pods", NS, labels="job-name=token")
+    wait(kube, node, "pods", pod["metadata"]["name"], waiting)
+
+
 def test_service_monitors_are_scraped_by_prometheus(
     kube: KubeEmulator, node: ProcessKubelet
 ) -> None:
@@ -676,3 +720,37 @@ def test_pods_of_a_deployment_that_is_gone_are_collected(
     while node.pod_processes():
         assert time.monotonic() < deadline, node.explain()
         time.sleep(0.05)
+
+
+def test_the_node_agents_proxy_table_comes_from_endpoint_slices() -> None:
+    """kube-proxy on a real control plane: per Service port, the ready endpoints of its
+    EndpointSlices' port of the same name (ready unset counts as ready)."""
+    service = {
+        "metadata": {"namespace": NS, "name": "web"},
+        "spec": {
+            "clusterIP": "127.3.0.9",
+            "ports": [{"name": "http", "port": 80}, {"name": "metrics", "port": 9090}],
+        },
+    }
+    headless = {"metadata": {"namespace": NS, "name": "peers"}, "spec": {"clusterIP": "None"}}
+    endpoints = [
+        {"addresses": ["198.18.0.1"], "conditions": {"ready": True}},
+        {"addresses": ["198.18.0.2"], "conditions": {"ready": False}},
+        {"addresses": ["198.18.0.3"]},
+    ]
+    slices = [
+        {
+            "metadata": {"namespace": NS, "labels": {"kubernetes.io/service-name": "web"}},
+            "ports": [{"name": "http", "port": 8080}],
+            "endpoints": endpoints,
+        },
+        {  # another namespace's Service of the same name
+            "metadata": {"namespace": "other", "labels": {"kubernetes.io/service-name": "web"}},
+            "ports": [{"name": "http", "port": 8080}],
+            "endpoints": [{"addresses": ["198.18.0.4"]}],
+        },
+    ]
+    assert slice_table([service, headless], slices) == {
+        "127.3.0.9:80": ["198.18.0.1:8080", "198.18.0.3:8080"],
+        "127.3.0.9:9090": [],
+    }

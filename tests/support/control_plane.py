@@ -35,13 +35,14 @@ def missing() -> str | None:
 needs_control_plane = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 
 
-def running(state_dir: Path) -> Iterator[str]:
-    """Start a control plane recorded in `state_dir`, yield its admin kubeconfig's path,
-    and stop it (a module-scoped fixture's body)."""
+def running(state_dir: Path, *, node: bool = False) -> Iterator[str]:
+    """Start a control plane recorded in `state_dir` (with the process kubelet as its node
+    agent if `node`), yield its admin kubeconfig's path, and stop it (a module-scoped
+    fixture's body)."""
     env = {**os.environ, "SLOLINE_CLUSTER_STATE": str(state_dir / "cp.json")}
     script = str(ROOT / "scripts" / "cluster.py")
     up = subprocess.run(
-        [sys.executable, script, "up", "--timeout", "240"],
+        [sys.executable, script, "up", *([] if node else ["--no-node"]), "--timeout", "240"],
         capture_output=True,
         text=True,
         env=env,
@@ -54,7 +55,7 @@ def running(state_dir: Path) -> Iterator[str]:
         assert found, up.stdout
         yield found.group(1)
     finally:
-        subprocess.run([sys.executable, script, "down"], env=env, timeout=60, check=False)
+        subprocess.run([sys.executable, script, "down"], env=env, timeout=120, check=False)
 
 
 def kubectl(

@@ -185,3 +185,37 @@ class ProxyProcess:
         if self._process.stdout is not None:
             self._process.stdout.close()
         self._log.close()
+
+
+def slice_table(services: Iterable[Obj], slices: Iterable[Obj]) -> dict[str, list[str]]:
+    """`clusterIP:port` -> `address:port` endpoints from the EndpointSlices of a real
+    control plane (the node agent's kube-proxy): per Service port, the ready endpoints
+    of its slices' port of the same name."""
+    by_service: dict[tuple[str, str], list[Obj]] = {}
+    for item in slices:
+        meta = item["metadata"]
+        owner = (meta.get("labels") or {}).get("kubernetes.io/service-name")
+        if owner:
+            by_service.setdefault((meta["namespace"], owner), []).append(item)
+    table: dict[str, list[str]] = {}
+    for service in services:
+        meta, spec = service["metadata"], service.get("spec") or {}
+        cluster_ip = spec.get("clusterIP")
+        if not cluster_ip or cluster_ip == "None":
+            continue
+        for port in spec.get("ports") or []:
+            backends = table.setdefault(f"{cluster_ip}:{port['port']}", [])
+            for item in by_service.get((meta["namespace"], meta["name"]), []):
+                numbers = [
+                    p.get("port")
+                    for p in item.get("ports") or []
+                    if (p.get("name") or "") == (port.get("name") or "")
+                ]
+                for number in numbers:
+                    backends.extend(
+                        f"{address}:{number}"
+                        for endpoint in item.get("endpoints") or []
+                        if (endpoint.get("conditions") or {}).get("ready") is not False
+                        for address in endpoint.get("addresses") or []
+                    )
+    return {k: sorted(v) for k, v in sorted(table.items())}

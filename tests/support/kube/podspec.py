@@ -150,11 +150,38 @@ def resolve_port(pod: Obj, port: int | str) -> int | None:
     return None
 
 
+# (pod, a projected volume's serviceAccountToken source) -> the token (the node agent asks
+# the TokenRequest API); None where the kubelet has no tokens to give.
+Tokens = Callable[[Obj, Obj], str] | None
+
+
 def volume_files(
-    pod: Obj, volume: Obj, config_maps: Lookup, secrets: Lookup
+    pod: Obj, volume: Obj, config_maps: Lookup, secrets: Lookup, tokens: Tokens = None
 ) -> dict[str, str] | None:
-    """The files (relative path -> text) of a configMap, secret or downwardAPI volume;
-    None for other volume types."""
+    """The files (relative path -> text) of a configMap, secret, downwardAPI or projected
+    volume; None for other volume types."""
+    if "projected" in volume:
+        files: dict[str, str] = {}
+        for source in volume["projected"].get("sources") or []:
+            if "serviceAccountToken" in source:
+                if tokens is None:
+                    raise ConfigError("serviceAccountToken volumes need a node agent's tokens")
+                files[source["serviceAccountToken"]["path"]] = tokens(
+                    pod, source["serviceAccountToken"]
+                )
+                continue
+            found = _source_files(pod, source, volume["name"], config_maps, secrets)
+            if found is None:
+                raise ConfigError(f"projected source {sorted(source)} is not emulated")
+            files.update(found)
+        return files
+    return _source_files(pod, volume, volume["name"], config_maps, secrets)
+
+
+def _source_files(
+    pod: Obj, volume: Obj, name: str, config_maps: Lookup, secrets: Lookup
+) -> dict[str, str] | None:
+    """The files of a configMap, secret or downwardAPI volume or projected source."""
     if "downwardAPI" in volume:
         return {
             item["path"]: field_value(pod, item["fieldRef"]["fieldPath"])
@@ -168,12 +195,13 @@ def volume_files(
         if kind not in volume:
             continue
         source = volume[kind]
-        found = lookup(source.get(name_key, ""))
+        # Projected sources name their Secret `name`, volumes `secretName`.
+        ref = source.get(name_key) or source.get("name", "")
+        found = lookup(ref)
         if found is None:
             if source.get("optional"):
                 return {}
-            what = f'{kind} "{source.get(name_key)}" of volume {volume["name"]!r}'
-            raise ConfigError(f"{what} not found")
+            raise ConfigError(f'{kind} "{ref}" of volume {name!r} not found')
         data = _data_of(found)
         if not source.get("items"):
             return data
@@ -182,7 +210,7 @@ def volume_files(
             if item["key"] not in data:
                 if source.get("optional"):
                     continue
-                raise ConfigError(f'{kind} "{source.get(name_key)}" has no key "{item["key"]}"')
+                raise ConfigError(f'{kind} "{ref}" has no key "{item["key"]}"')
             files[item["path"]] = data[item["key"]]
         return files
     return None

@@ -2,15 +2,17 @@
 process tree in its own PID, mount and UTS namespaces (`podexec.py`), with probes,
 restarts and the Pod status a kubelet reports.
 
-- Volumes are prepared once, when the pod starts: configMap, secret and downwardAPI
-  volumes as files in the pod's folder (read-only mounts), emptyDir as a folder, hostPath
+- Volumes are prepared once, when the pod starts: configMap, secret, downwardAPI and
+  projected volumes as files in the pod's folder (read-only mounts; a projected
+  serviceAccountToken from `Node.tokens`), emptyDir as a folder, hostPath
   as the host path. A missing ConfigMap or Secret keeps the pod Pending
   (ContainerCreating) until it appears; other volume types keep it Pending with a
   message saying they are not emulated.
 - Each container gets, besides its volumeMounts: a private writable /tmp (the image's
   writable layer; the images' WORKDIR and HOME), the pod's hosts file at /etc/hosts (and
   an /etc/host.conf that makes a name on several lines resolve to all of them), the
-  service-account folder (a kubeconfig, as `$KUBECONFIG`, instead of a token) and its own
+  service-account folder (on the emulator: a kubeconfig, as `$KUBECONFIG`, instead of a
+  token; a node agent's pods have the API server's projected volume there) and its own
   termination-message file at `terminationMessagePath`.
 - Init containers run one after another, each to completion, before the containers
   start (`PodRuntime._initialize`). One that fails is restarted with the same backoff
@@ -44,6 +46,7 @@ from tests.support.kube.network import HOST_CONF
 from tests.support.kube.podspec import (
     ConfigError,
     Obj,
+    Tokens,
     command_line,
     container_env,
     volume_files,
@@ -63,7 +66,7 @@ IMAGE_ENV = {
     "XDG_CACHE_HOME": "/tmp/.cache",
     "NUMBA_CACHE_DIR": "/tmp/numba-cache",
 }
-READ_ONLY_VOLUMES = ("configMap", "secret", "downwardAPI")
+READ_ONLY_VOLUMES = ("configMap", "secret", "downwardAPI", "projected")
 
 
 def tool(name: str) -> str:
@@ -91,12 +94,15 @@ class Node:
 
     name: str
     workdir: Path
-    kubeconfig: dict[str, Any]
+    # The pods' kubeconfig (service account), or None where the API server mounts their
+    # service-account folder (a projected volume whose token comes from `tokens`).
+    kubeconfig: dict[str, Any] | None
     config_maps: Callable[[str, str], Obj | None]
     secrets: Callable[[str, str], Obj | None]
     log: Callable[[str], None]
     extra_env: dict[str, str] = field(default_factory=dict)
     restart_backoff_s: float = 0.5
+    tokens: Tokens = None
     max_backoff_s: float = 8.0
     python: str = sys.executable
 
@@ -419,7 +425,9 @@ class PodRuntime:
         self.spec: Obj = pod.get("spec") or {}
         self.dir = node.workdir / "pods" / f"{self.namespace}_{self.name}_{self.uid[:8]}"
         self.hosts_path = self.dir / "hosts"
-        self.service_account = self.spec.get("automountServiceAccountToken", True) is not False
+        self.service_account = node.kubeconfig is not None and (
+            self.spec.get("automountServiceAccountToken", True) is not False
+        )
         self.grace_s = float(self.spec.get("terminationGracePeriodSeconds", 30))
         self.containers = [Container(self, c) for c in self.spec.get("containers") or []]
         self.init_containers = [
@@ -505,6 +513,7 @@ class PodRuntime:
                 volume,
                 lambda n: node.config_maps(self.namespace, n),
                 lambda n: node.secrets(self.namespace, n),
+                node.tokens,
             )
             folder = self.dir / "volumes" / name
             if files is not None:
@@ -524,7 +533,7 @@ class PodRuntime:
         if self.service_account:
             account = self.dir / "serviceaccount"
             account.mkdir(exist_ok=True)
-            config = json.loads(json.dumps(self.node.kubeconfig))
+            config = json.loads(json.dumps(self.node.kubeconfig or {}))
             for context in config.get("contexts") or []:
                 context["context"]["namespace"] = self.namespace
             (account / "kubeconfig").write_text(json.dumps(config))
