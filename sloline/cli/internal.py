@@ -60,7 +60,19 @@ def _add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     p.add_argument("--pipeline", required=True, help="the pipeline file")
     p.add_argument("--stage", required=True, help="the stage to serve")
-    p.add_argument("--router", required=True, help="the router's worker address host:port")
+    p.add_argument(
+        "--router",
+        required=True,
+        action="append",
+        help="the routers' worker addresses, host:port[,host:port...]; repeatable; each "
+        "host is resolved to every address it has, again every --resolve-s",
+    )
+    p.add_argument(
+        "--resolve-s",
+        type=float,
+        default=2.0,
+        help="how often the router names are resolved again (default 2)",
+    )
     p.add_argument(
         "--token-file",
         help="file holding the pipeline's worker token (default: $SLOLINE_WORKER_TOKEN)",
@@ -135,6 +147,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     if not 0 <= args.nice <= 19:
         raise flag_error("--nice", f"must be 0-19 (a lower priority), got {args.nice}")
+    routers = tuple(r.strip() for flag in args.router for r in flag.split(",") if r.strip())
+    for entry in routers:
+        host, _, port_text = entry.rpartition(":")
+        if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise flag_error("--router", f"expected host:port, got {entry!r}")
+    if not args.resolve_s > 0:
+        raise flag_error("--resolve-s", f"must be positive, got {args.resolve_s}")
     token = worker_token(args.token_file)
     if token is None:
         logging.getLogger(__name__).warning(
@@ -145,7 +164,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         WorkerSettings(
             pipeline_file=Path(args.pipeline),
             stage=args.stage,
-            router=args.router,
+            routers=routers,
             token=token,
             threads=args.threads,
             cuda_device=args.cuda_device,
@@ -157,6 +176,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             health_host=args.health_host,
             health_port=args.health_port,
             stop_timeout_s=args.stop_timeout_s,
+            resolve_s=args.resolve_s,
         )
     )
 
