@@ -1,6 +1,7 @@
 """Commands that sloline itself runs, hidden from `sloline --help`: `worker` (started by
-`sloline run`, or one per pod), `profile-stage` (the profiler's measuring process) and
-`profile-job` (a Kubernetes profiling Job), `fetch-models` (a pod's storage initializer)."""
+`sloline run`, or one per pod), `embedded-router` (`sloline run`'s routers beyond the
+first), `profile-stage` (the profiler's measuring process) and `profile-job` (a
+Kubernetes profiling Job), `fetch-models` (a pod's storage initializer)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_worker_parser(sub)
+    _add_embedded_router_parser(sub)
     _add_profile_stage_parser(sub)
     _add_profile_job_parser(sub)
     _add_fetch_models_parser(sub)
@@ -95,6 +97,24 @@ def _add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="after SIGTERM, exit even if the router has not closed the stream",
     )
     p.set_defaults(func=cmd_worker)
+
+
+def _add_embedded_router_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "embedded-router",
+        help=argparse.SUPPRESS,
+        description="One of `sloline run --routers N`'s routers beyond the first.",
+    )
+    p.add_argument("--config", required=True, type=Path, help="its settings (JSON)")
+    p.add_argument("--arrivals-fd", type=int, default=None, help="send arrival times here")
+    p.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
+    p.set_defaults(func=cmd_embedded_router)
+
+
+def cmd_embedded_router(args: argparse.Namespace) -> int:
+    from sloline.embedded import serve_extra_router
+
+    return serve_extra_router(args.config, args.arrivals_fd, args.parent_pid)
 
 
 def _add_profile_stage_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

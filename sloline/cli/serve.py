@@ -73,6 +73,13 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="queue requests that cannot finish in time instead of refusing them (503)",
     )
+    p.add_argument(
+        "--routers",
+        type=int,
+        default=None,
+        help="router processes sharing the HTTP and gRPC ports; every worker serves all "
+        "(default: one per 4 cores, at least 1)",
+    )
     p.add_argument("--log-dir", help="worker logs (default: a new temp dir)")
     add_limit_flags(p)
     p.add_argument(
@@ -147,7 +154,13 @@ def _add_router_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sloline.embedded import EmbeddedPipeline, EmbeddedSettings, check_models, stage_configs
+    from sloline.embedded import (
+        EmbeddedPipeline,
+        EmbeddedSettings,
+        check_models,
+        default_routers,
+        stage_configs,
+    )
     from sloline.serving import process
     from sloline.serving.router import RouterSettings
     from sloline.serving.server import ServerSettings
@@ -167,7 +180,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         tuner=not args.no_tuner,
         worker_nice=args.worker_nice,
         replan=_replan_settings(args),
+        routers=default_routers() if args.routers is None else args.routers,
     )
+    if settings.routers < 1:
+        raise flag_error("--routers", f"must be at least 1, got {settings.routers}")
     if not 0 <= args.worker_nice <= 19:
         raise flag_error("--worker-nice", f"must be 0-19, got {args.worker_nice}")
     replace(settings.server, insecure_workers=True).check()  # TLS flags, before profiling
@@ -260,7 +276,7 @@ async def _serve(
         print(
             f"  HTTP  {scheme}://{p.http_url}/v2/models/{p.loaded.name}/infer\n"
             f"  gRPC  {p.grpc_url}  (GRPCInferenceService, model {p.loaded.name!r})\n"
-            f"  metrics {scheme}://{p.http_url}/metrics\n"
+            f"  metrics {scheme}://{p.metrics_url}/metrics{_other_routers(p)}\n"
             f"  worker logs {p.backend.log_dir if p.backend else '-'}\n"
             "  Ctrl-C to stop",
             flush=True,
@@ -271,6 +287,14 @@ async def _serve(
             _calibrate(p, profile, serving_since, Path(args.calibration_out))
         print("stopping: draining in-flight requests, then workers", flush=True)
     return 0
+
+
+def _other_routers(p: EmbeddedPipeline) -> str:
+    """The banner's note on routers 1..N-1 and their /metrics."""
+    if not p.extra_routers:
+        return ""
+    urls = ", ".join(f"http://{r.metrics_url}/metrics" for r in p.extra_routers)
+    return f" (router 0 of {len(p.extra_routers) + 1}; the others: {urls})"
 
 
 def cmd_router(args: argparse.Namespace) -> int:

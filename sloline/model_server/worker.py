@@ -329,7 +329,7 @@ async def resolve(routers: tuple[str, ...]) -> set[str] | None:
     return addresses if addresses or not failed else None
 
 
-def _die_with_parent(parent_pid: int | None) -> None:
+def die_with_parent(parent_pid: int | None) -> None:
     """Get SIGTERM when the supervising process dies (Linux), so no worker is orphaned."""
     if parent_pid is None:
         return
@@ -346,7 +346,7 @@ def _exit_now(_signum: int, _frame: object) -> None:
 
 def main(settings: WorkerSettings) -> int:
     """Entry point of `sloline worker`: load, warm up, serve; return the exit code."""
-    _die_with_parent(settings.parent_pid)
+    die_with_parent(settings.parent_pid)
     process.lower_priority(settings.nice)
     signal.signal(signal.SIGTERM, _exit_now)
     if settings.cpus:
