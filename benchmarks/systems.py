@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import selectors
 import signal
 import socket
@@ -203,14 +204,16 @@ def wait_http(url: str, body: bytes | None, deadline_s: float, what: str,
 
 
 class SlolineSystem:
-    name = "sloline"
-
-    def __init__(self, pipeline_file: Path, max_batch: dict[str, int], run_dir: Path) -> None:
+    def __init__(self, pipeline_file: Path, max_batch: dict[str, int], run_dir: Path,
+                 routers: int = 1, name: str = "sloline") -> None:  # fmt: skip
+        self.name = name
         self.pipeline_file = pipeline_file
         self.max_batch = max_batch
         self.run_dir = run_dir
+        self.routers = routers
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.metrics_urls: list[str] = []
 
     def start(self, timeout_s: float = 120.0) -> None:
         self.port, grpc_port = free_port(), free_port()
@@ -221,14 +224,43 @@ class SlolineSystem:
                 "--port", str(self.port), "--grpc-port", str(grpc_port), "--no-plan",
                 "--no-tuner", "--status-interval", "0", "--duration", "3600",
                 "--worker-nice", "0",  # as Ray's replicas (RAY_ENV)
-                "--log-dir", str(self.run_dir / "sloline-workers")]  # fmt: skip
+                "--log-dir", str(self.run_dir / f"{self.name}-workers"),
+                "--routers", str(self.routers)]  # fmt: skip
         for stage, batch in self.max_batch.items():
             argv += ["--max-batch", f"{stage}={batch}", "--replicas", f"{stage}=1"]
         self.argv = argv
-        log = open(self.run_dir / "sloline.log", "ab")  # noqa: SIM115 (closed with the process)
+        log_path = self.run_dir / f"{self.name}.log"
+        log = open(log_path, "ab")  # noqa: SIM115 (closed with the process)
         self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
         wait_http(f"http://127.0.0.1:{self.port}/v2/health/ready", None, timeout_s, "sloline")
+        # Every router's /metrics, from the start-up banner (one per router).
+        deadline = time.monotonic() + timeout_s
+        while not self.metrics_urls and time.monotonic() < deadline:
+            for line in log_path.read_text(errors="replace").splitlines():
+                if line.strip().startswith("metrics "):
+                    self.metrics_urls = re.findall(r"http://[\d.:]+/metrics", line)
+            time.sleep(0.05)
+        ready = [url.replace("/metrics", "/v2/health/ready") for url in self.metrics_urls[1:]]
+        for url in ready:  # the other routers' workers connected too
+            wait_http(url, None, timeout_s, "sloline router")
+
+    def batch_stats(self) -> dict[str, tuple[float, float]]:
+        """(sum, count) of `sloline_stage_batch_size` per stage, over every router."""
+        out: dict[str, tuple[float, float]] = {}
+        for url in self.metrics_urls:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                text = r.read().decode()
+            for kind, stage, value in re.findall(
+                r'^sloline_stage_batch_size_(sum|count)\{pipeline="[^"]*",stage="([^"]*)"\} (\S+)$',
+                text, re.M):  # fmt: skip
+                total, count = out.get(stage, (0.0, 0.0))
+                if kind == "sum":
+                    total += float(value)
+                else:
+                    count += float(value)
+                out[stage] = (total, count)
+        return out
 
     @property
     def root_pid(self) -> int:
