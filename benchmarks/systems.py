@@ -138,6 +138,8 @@ def role(cmdline: list[str]) -> str:
         return "worker " + cmdline[cmdline.index("--worker-id") + 1].rsplit("-", 1)[0]
     if "run" in cmdline and "sloline" in cmdline:
         return "router"
+    if "embedded-router" in cmdline:  # `run --routers N`: routers 1..N-1
+        return "other routers"
     if cmdline and cmdline[0].startswith("ray::"):
         return cmdline[0].replace("ServeReplica:pipeline:", "")
     for arg in cmdline:

@@ -134,7 +134,8 @@ class Worker:
         self.stopping = asyncio.Event()
         self.credit = CreditLedger()
         self.sessions: dict[str, RouterSession] = {}  # connected router addresses
-        self._followers: dict[str, asyncio.Task[None]] = {}
+        self._followers: dict[str, asyncio.Task[None]] = {}  # a task per router address
+        self._wanted: set[str] = set()  # the addresses the names resolve to now
         self._fatal: str | None = None
 
     def stop(self) -> None:
@@ -163,12 +164,18 @@ class Worker:
         loop = asyncio.get_running_loop()
         while not self.stopping.is_set():
             addresses = await resolve(self.settings.routers)
+            for address in [a for a, task in self._followers.items() if task.done()]:
+                del self._followers[address]
             if addresses is not None:
+                self._wanted = addresses
                 for address in addresses - self._followers.keys():
                     self._followers[address] = loop.create_task(self._follow(address))
                 for address in self._followers.keys() - addresses:
-                    log.info("router %s is gone from %s", address, ",".join(self.settings.routers))
-                    self._followers.pop(address).cancel()
+                    # A router leaving the answer (scaled down, or terminating and so no
+                    # longer ready) may still hold requests: serve it until it closes the
+                    # stream, only do not dial it again.
+                    if address not in self.sessions:
+                        self._followers.pop(address).cancel()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), self.settings.resolve_s)
         if self._followers:
@@ -177,9 +184,13 @@ class Worker:
             raise SystemExit(self._fatal)
 
     async def _follow(self, address: str) -> None:
-        """Connect to one router, serve, reconnect after failures with jittered backoff."""
+        """Connect to one router, serve, reconnect after failures with jittered backoff,
+        as long as the names resolve to it."""
         backoff = 0.05
         while not self.stopping.is_set():
+            if address not in self._wanted:
+                log.info("router %s is gone from %s", address, ",".join(self.settings.routers))
+                return
             try:
                 await self._session(address)
                 backoff = 0.05

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -74,13 +75,28 @@ async def test_worker_follows_routers_that_come_and_go(monkeypatch: pytest.Monke
         await wait_until(lambda: queue_b.workers == 1, "the worker at router B")
         assert queue_a._idle and not queue_b._idle  # the one credit stays at A
         assert worker.credit.holder == a
-        answer.discard(a)  # router A vanishes from the answer
-        await wait_until(lambda: queue_a.workers == 0, "the worker to leave router A")
+        answer.discard(a)  # router A leaves the answer: served until it closes the stream
+        await asyncio.sleep(0.3)
+        assert queue_a.workers == 1 and set(worker.sessions) == {a, b}
+        await apps[0].drain(0.1)
+        await apps[0].stop()  # closes the stream; the worker does not dial it again
         await wait_until(lambda: bool(queue_b._idle), "the credit to move to router B")
+        await wait_until(lambda: a not in worker._followers, "the worker to forget router A")
         assert worker.credit.holder == b and set(worker.sessions) == {b}
+        answer.add(a)  # back in the answer (a new router on that address)
+        apps[0] = RouterApp(
+            loaded,
+            max_batch={"s1": 4, "s2": 4, "s3": 4},
+            server=replace(server, worker_port=int(a.rsplit(":", 1)[1])),
+            router=RouterSettings(),
+        )
+        await apps[0].start()
+        queue_a = apps[0].router.queues["s1"]
+        await wait_until(lambda: queue_a.workers == 1, "the worker to dial router A again")
+        assert not queue_a._idle  # on standby there: the credit stays at router B
     finally:
         worker.stop()
         await asyncio.wait_for(serving, 10)
         for app in apps:
             await app.drain(0.1)
-            await app.stop()
+            await app.stop()  # a second stop of a stopped one does nothing
