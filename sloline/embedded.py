@@ -113,6 +113,9 @@ class EmbeddedSettings:
     # plan and its planning problem, and no flag overrides.
     replan: ReplanSettings | None = None
     routers: int = 1  # router processes sharing the client ports (module docstring)
+    # The other routers' logging and tracing flags (`sloline embedded-router`), as the
+    # command line gave them to `sloline run`.
+    router_flags: tuple[str, ...] = ()
 
 
 def check_models(loaded: LoadedPipeline) -> None:
@@ -360,6 +363,7 @@ class EmbeddedPipeline:
                         str(self._arrivals.write_fd),
                         "--parent-pid",
                         str(os.getpid()),
+                        *self.settings.router_flags,
                     ],
                     pass_fds=(self._arrivals.write_fd,),
                 )

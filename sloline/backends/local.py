@@ -284,22 +284,20 @@ class LocalBackend:
 
     # ------------------------------------------------------------------ internals
     def _spawn_router(self, router: _RouterProcess) -> None:
-        log_path = self.log_dir / f"{router.launch.name}.log"
+        """Start an extra router; it logs where this process does (a router's logs are
+        the user's, unlike a worker's)."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop(WORKER_TOKEN_ENV, None)
         if self.worker_token:
             env[WORKER_TOKEN_ENV] = self.worker_token
         if self.model_dir is not None:
             env[MODEL_DIR_ENV] = str(self.model_dir)
-        with log_path.open("ab") as out:
-            router.process = subprocess.Popen(
-                [sys.executable, "-m", "sloline", *router.launch.argv],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                process_group=0,
-                pass_fds=router.launch.pass_fds,
-            )
+        router.process = subprocess.Popen(
+            [sys.executable, "-m", "sloline", *router.launch.argv],
+            env=env,
+            process_group=0,
+            pass_fds=router.launch.pass_fds,
+        )
         router.started = self.clock()
 
     def _reconcile_routers(self) -> None:
@@ -313,9 +311,7 @@ class LocalBackend:
                     router.streak = 0
                 router.streak += 1
                 router.start_after = now + self.restart.delay(router.streak)
-                router.last_error = f"router pid {proc.pid} exited with {code}: " + _tail(
-                    self.log_dir / f"{router.launch.name}.log"
-                )
+                router.last_error = f"router pid {proc.pid} exited with {code}"
                 log.warning("%s: %s", router.launch.name, router.last_error)
             if router.process is None and now >= router.start_after:
                 self._spawn_router(router)

@@ -108,6 +108,9 @@ def _add_embedded_router_parser(sub: argparse._SubParsersAction[argparse.Argumen
     p.add_argument("--config", required=True, type=Path, help="its settings (JSON)")
     p.add_argument("--arrivals-fd", type=int, default=None, help="send arrival times here")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
+    p.add_argument("--log-format", choices=("text", "json"), help="as `sloline run`'s")
+    p.add_argument("--otlp-endpoint", metavar="URL", help="as `sloline run`'s")
+    p.add_argument("--access-log-sample", type=float, metavar="F", help="as `sloline run`'s")
     p.set_defaults(func=cmd_embedded_router)
 
 

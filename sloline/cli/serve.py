@@ -181,6 +181,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         worker_nice=args.worker_nice,
         replan=_replan_settings(args),
         routers=default_routers() if args.routers is None else args.routers,
+        router_flags=tuple(
+            arg
+            for flag, value in (
+                ("--log-format", args.log_format),
+                ("--otlp-endpoint", args.otlp_endpoint),
+                ("--access-log-sample", args.access_log_sample),
+            )
+            if value is not None
+            for arg in (flag, str(value))
+        ),
     )
     if settings.routers < 1:
         raise flag_error("--routers", f"must be at least 1, got {settings.routers}")

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -15,9 +18,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sloline.serving.stats import Ring
+from tests.support.net import free_port
 from tests.support.serve import NOOP, BackgroundPipeline
 
 BODY = json.dumps(
@@ -49,16 +54,23 @@ def infer(url: str) -> Outcome:
         return Outcome(start, time.monotonic(), False, repr(exc))
 
 
-def dead_at(pid: int) -> float:
-    """When process `pid` has exited (a zombie or gone: its sockets are closed)."""
-    while True:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return time.monotonic()
-        if state in ("Z", "X"):
-            return time.monotonic()
+def listeners(port: int) -> int:
+    """Listening sockets on `port` (one per router sharing it)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
+
+
+def closed_at(port: int, before: int) -> float:
+    """When a router's listening socket on `port` is gone (the kernel then sends new
+    connections to the others)."""
+    while listeners(port) >= before:
         time.sleep(0.0005)
+    return time.monotonic()
 
 
 def requests_served(metrics_url: str) -> float:
@@ -67,6 +79,14 @@ def requests_served(metrics_url: str) -> float:
             if line.startswith('sloline_requests_total{code="200"'):
                 return float(line.split()[-1])
     return 0.0
+
+
+def scrape(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return bytes(r.read())
+    except OSError:
+        return b""
 
 
 def wait_for(predicate, what: str, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
@@ -128,8 +148,11 @@ def test_kill_9_of_a_router_fails_only_its_requests_and_it_is_replaced(
     for thread in threads:
         thread.start()
     time.sleep(2.0)
+    port = int(p.http_url.rsplit(":", 1)[1])
+    sockets = listeners(port)
+    assert sockets == 3
     os.kill(old_pid, signal.SIGKILL)
-    killed_at = dead_at(old_pid)  # its sockets are closed from then on
+    killed_at = closed_at(port, sockets)  # from then on new connections go elsewhere
     time.sleep(3.0)
     stop.set()
     for thread in threads:
@@ -181,7 +204,35 @@ def test_run_routers_flag_is_checked() -> None:
         args.func(args)
 
 
-def test_extra_router_log_names_its_ports(served: BackgroundPipeline) -> None:
-    assert served.p.backend is not None
-    log = Path(served.p.backend.log_dir / "router-2.log").read_text()
-    assert f"workers {served.p.extra_routers[1].worker_url}" in log
+def test_run_prints_every_routers_metrics_and_leaves_no_orphans() -> None:
+    """`sloline run --routers 2`: the banner names both routers' /metrics (each answers),
+    and a crash of `sloline run` takes the other router and the workers with it."""
+    http_port, grpc_port = free_port(), free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sloline", "run", str(NOOP), "--port", str(http_port),
+         "--grpc-port", str(grpc_port), "--no-plan", "--routers", "2",
+         "--status-interval", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        lines: list[str] = []
+        assert process.stdout is not None
+        while not any(line.strip().startswith("metrics ") for line in lines):
+            line = process.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        banner = next(line for line in lines if line.strip().startswith("metrics "))
+        urls = re.findall(r"http://[\d.:]+/metrics", banner)
+        assert len(urls) == 2 and f":{http_port}/" not in banner, banner
+        for url in urls:  # router 1 may still be starting
+            wait_for(lambda u=url: b"sloline_requests_total" in scrape(u), f"{url} to answer")
+        children = psutil.Process(process.pid).children(recursive=True)
+        assert sum("embedded-router" in c.cmdline() for c in children) == 1
+        assert sum("worker" in c.cmdline() for c in children) == 3
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.communicate(timeout=10)
+    deadline = time.monotonic() + 15
+    while any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
+        assert time.monotonic() < deadline, "processes outlived a crashed sloline run"
+        time.sleep(0.05)
