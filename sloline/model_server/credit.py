@@ -53,8 +53,11 @@ class CreditLedger:
         return True
 
     def welcomed(self, router: Hashable) -> list[Action]:
-        """`router` accepted the worker: it may now be told about credit moves."""
+        """`router` accepted the worker: it may now be told about credit moves, and gets
+        the credit if it is free (its router went away while this one was greeted)."""
         self.routers[router] = None
+        if self.holder is None:
+            return self._place(None)
         return self._rebalance()
 
     def leave(self, router: Hashable) -> list[Action]:

@@ -287,6 +287,21 @@ def test_a_free_worker_takes_the_oldest_head_first() -> None:
     assert c.outcomes == {0: "done", 1: "done", 2: "done", 3: "done"}
 
 
+def test_a_credit_freed_while_a_router_is_greeted_goes_to_it() -> None:
+    """The router holding the credit dies while another greets the worker on standby:
+    the credit goes to the newcomer once it has welcomed the worker."""
+    c = Cluster(2, max_batch=2)
+    c.workers = {0: WorkerModel()}
+    c.connect(0, 0)
+    c.settle()
+    c.connect(0, 1)  # Hello on standby: the credit is at router 0
+    assert c.deliver_up(1, 0)
+    c.kill_router(0)
+    c.push(1, 0, deadline=100)
+    c.settle()
+    assert c.outcomes == {0: "done"} and c.workers[0].ledger.holder == 1
+
+
 def test_an_idle_worker_moves_its_credit_to_queued_work() -> None:
     """The credit is parked at router 0 (nothing queued); work queued at router 1 is
     served by that worker after a withdrawal and a grant."""
