@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -180,7 +181,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         tuner=not args.no_tuner,
         worker_nice=args.worker_nice,
         replan=_replan_settings(args),
-        routers=default_routers() if args.routers is None else args.routers,
+        routers=_routers(args, default_routers),
         router_flags=tuple(
             arg
             for flag, value in (
@@ -192,8 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             for arg in (flag, str(value))
         ),
     )
-    if settings.routers < 1:
-        raise flag_error("--routers", f"must be at least 1, got {settings.routers}")
+
     if not 0 <= args.worker_nice <= 19:
         raise flag_error("--worker-nice", f"must be 0-19, got {args.worker_nice}")
     replace(settings.server, insecure_workers=True).check()  # TLS flags, before profiling
@@ -216,6 +216,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     configs = stage_configs(loaded, settings, plan)
     pipeline = EmbeddedPipeline(loaded, settings, configs=configs, plan=plan, problem=problem)
     return process.run(_serve(pipeline, args, profile))
+
+
+def _routers(args: argparse.Namespace, default: Callable[[], int]) -> int:
+    """``--routers``, else the default from the cores; one router with ``--replan``, which
+    changes batch sizes in router 0 only."""
+    if args.routers is None:
+        return 1 if args.replan is not None else default()
+    if args.routers < 1:
+        raise flag_error("--routers", f"must be at least 1, got {args.routers}")
+    if args.routers > 1 and args.replan is not None:
+        raise flag_error(
+            "--routers",
+            "cannot be combined with --replan: a re-plan changes batch sizes in router 0 "
+            "only; use one router, or plan again and restart",
+        )
+    return int(args.routers)
 
 
 def _replan_settings(args: argparse.Namespace) -> ReplanSettings | None:
