@@ -597,8 +597,7 @@ class ArrivalReader:
 
     def __init__(self, envelope: StreamingEnvelope, ring: Callable[[], Ring | None]) -> None:
         self.read_fd, self.write_fd = os.pipe()
-        os.set_blocking(self.read_fd, False)
-        os.set_inheritable(self.write_fd, True)
+        os.set_blocking(self.read_fd, False)  # the routers get write_fd through pass_fds
         self._envelope = envelope
         self._ring = ring
         self._rest = b""

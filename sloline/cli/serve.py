@@ -302,7 +302,8 @@ async def _serve(
         print(
             f"  HTTP  {scheme}://{p.http_url}/v2/models/{p.loaded.name}/infer\n"
             f"  gRPC  {p.grpc_url}  (GRPCInferenceService, model {p.loaded.name!r})\n"
-            f"  metrics {scheme}://{p.metrics_url}/metrics{_other_routers(p)}\n"
+            f"  metrics {'http' if p.extra_routers else scheme}://{p.metrics_url}/metrics"
+            f"{_other_routers(p)}\n"
             f"  worker logs {p.backend.log_dir if p.backend else '-'}\n"
             "  Ctrl-C to stop",
             flush=True,
