@@ -1,6 +1,7 @@
 """Property tests of many routers per pipeline: every worker serves every router with one
 credit in total (`StageQueue`'s standby/grant/withdraw and the worker's `CreditLedger`,
-joined by message channels that deliver in order per direction, in random interleavings).
+joined by message channels that deliver in order per direction, in random interleavings,
+with routers and workers dying and new ones joining).
 
 Checked: every item leaves its router exactly once (served, expired, or lost with a
 router that died); a worker never holds two batches, nor its credit at two routers; a
@@ -76,6 +77,15 @@ class Cluster:
             if (r, w) in self.links:
                 del self.links[r, w]
                 self.worker_lost(w, r)
+
+    def kill_worker(self, w: int) -> None:
+        """Worker `w` dies: every router it was connected to re-queues its batch; a new
+        process takes its place with a fresh ledger."""
+        for r in list(self.queues):
+            link = self.links.pop((r, w), None)
+            if link is not None and link.attached:
+                self.perform(r, self.queues[r].remove_worker(str(w), self.now))
+        self.workers[w] = WorkerModel()
 
     def worker_lost(self, w: int, r: int) -> None:
         model = self.workers[w]
@@ -202,6 +212,8 @@ class Cluster:
             self.kill_router(r)
         elif op == "add_router" and kills and len(self.queues) < ROUTERS + 2:
             self.add_router()
+        elif op == "kill_worker" and kills:
+            self.kill_worker(w)
         elif op == "tick":
             self.now += r
             for router, q in self.queues.items():
@@ -230,6 +242,7 @@ ops = st.lists(
         st.tuples(st.just("connect"), st.integers(0, ROUTERS + 1), st.integers(0, WORKERS - 1)),
         st.tuples(st.just("kill_router"), st.integers(0, ROUTERS + 1), st.integers(0, 0)),
         st.tuples(st.just("add_router"), st.integers(0, 0), st.integers(0, 0)),
+        st.tuples(st.just("kill_worker"), st.integers(0, 0), st.integers(0, WORKERS - 1)),
         st.tuples(st.just("tick"), st.integers(1, 5), st.integers(0, 0)),
     ),
     min_size=40,
