@@ -19,6 +19,13 @@ import numpy as np
 PACKAGES = ("sloline", "ray", "grpcio", "protobuf", "uvicorn", "starlette", "httptools",
             "uvloop", "aiohttp", "orjson", "numpy", "onnxruntime", "torch", "psutil")  # fmt: skip
 SYSTEMS = ("floor", "sloline", "sloline-base", "ray-default", "ray-ht")
+
+
+def _ordered(systems: dict[str, Any]) -> list[str]:
+    """Known systems in their order, then the others (`--routers`: sloline-r1, ...)."""
+    return [x for x in SYSTEMS if x in systems] + sorted(x for x in systems if x not in SYSTEMS)
+
+
 FLOORS = {
     "grpc-unary": "gRPC unary echo",
     "grpc-stream": "gRPC stream ping-pong",
@@ -254,7 +261,7 @@ def _main_table(main: dict[str, Any]) -> str:
               "server CPU ms/req @max", "client cores @max", "other load (cores)"]  # fmt: skip
     rows = []
     for workload, systems in main.items():
-        for system in [x for x in SYSTEMS if x in systems]:
+        for system in _ordered(systems):
             e = systems[system]
             if e["max_rps"] is None:
                 failures = "; ".join(e["failures"])[:200]
@@ -272,7 +279,7 @@ def _main_table(main: dict[str, Any]) -> str:
 def _cpu_table(main: dict[str, Any]) -> str | None:
     rows = []
     for workload, systems in main.items():
-        for system in [x for x in SYSTEMS if x in systems]:
+        for system in _ordered(systems):
             roles = systems[system].get("cpu_ms_per_req_by_process_at_max") or {}
             top = sorted(((v["median"], r) for r, v in roles.items() if v), reverse=True)
             if top:

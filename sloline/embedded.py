@@ -1,35 +1,60 @@
-"""The embedded (default) deployment: router, front doors and worker processes on one
+"""The embedded (default) deployment: routers, front doors and worker processes on one
 machine. This is the composition root `sloline run` and the integration tests use:
 it decides each stage's hardware class, max batch and replicas (flags and spec overrides
 first), starts the router's servers, then the workers, and shuts down in the order that
 loses nothing: stop admitting, let in-flight requests finish, stop workers, close ports.
+
+Many routers (`EmbeddedSettings.routers`): router 0 runs in this process (with the tuner,
+the re-planner and the status); the others are processes of their own
+(`sloline embedded-router`, supervised and restarted by the local backend). All share the
+client HTTP and gRPC ports (SO_REUSEPORT: the kernel spreads connections over them);
+each has a worker port and a metrics port of its own, and every worker dials them all.
+The other routers send their arrival times to router 0 over a pipe, so its envelope (the
+tuner's, the re-planner's and its `/metrics`) counts the pipeline's whole demand.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import contextlib
+import json
+import logging
 import os
+import re
+import signal
+import socket
 import tempfile
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
 from prometheus_client import CollectorRegistry
 
 from sloline.backends.base import ReplicaStatus
-from sloline.backends.local import WORKER_NICE, LocalBackend, StageLaunch
+from sloline.backends.local import WORKER_NICE, LocalBackend, RouterLaunch, StageLaunch
+from sloline.common.envelope import Envelope, StreamingEnvelope
+from sloline.model_server.worker import die_with_parent
 from sloline.planner.config import StageConfig
 from sloline.planner.plan import Plan
 from sloline.planner.problem import PlanningProblem
+from sloline.serving import process
 from sloline.serving.app import RouterApp, envelope_windows_s
-from sloline.serving.auth import generate_token
+from sloline.serving.auth import WORKER_TOKEN_ENV, generate_token
 from sloline.serving.metrics import TunerMetrics
 from sloline.serving.router import RouterSettings
 from sloline.serving.server import ServerSettings
 from sloline.serving.stats import Ring
-from sloline.spec import DEFAULT_CATALOG, HardwareCatalog, LoadedPipeline, PipelineError
+from sloline.spec import (
+    DEFAULT_CATALOG,
+    HardwareCatalog,
+    LoadedPipeline,
+    PipelineError,
+    load_pipeline,
+)
 from sloline.spec.storage import StorageError, fetch
 from sloline.spec.validate import Issue
 from sloline.tuner.policy import TunerSettings
@@ -49,6 +74,17 @@ class StageDeployment:
 
 
 ARRIVALS_KEPT = 1 << 17  # arrival times the re-planner can see: a minute up to ~2000 rps
+ARRIVAL_FLUSH_S = 0.05  # how often an extra router sends its arrival times to router 0
+_PIPE_WRITE = 4096 // 8  # arrival times per pipe write (PIPE_BUF: atomic among writers)
+
+log = logging.getLogger(__name__)
+
+
+def default_routers() -> int:
+    """Router processes of `sloline run` when `--routers` is not given: one per 4 cores
+    this process may use, at least 1 (so 1 on a 2-core machine). A router is one event
+    loop, busy on a core under load; the workers need the other cores."""
+    return max(1, len(os.sched_getaffinity(0)) // 4)
 
 
 def default_max_replicas() -> int:
@@ -76,6 +112,10 @@ class EmbeddedSettings:
     # Re-plan hardware and batch sizes on recent traffic (None: off); needs the tuner, a
     # plan and its planning problem, and no flag overrides.
     replan: ReplanSettings | None = None
+    routers: int = 1  # router processes sharing the client ports (module docstring)
+    # The other routers' logging and tracing flags (`sloline embedded-router`), as the
+    # command line gave them to `sloline run`.
+    router_flags: tuple[str, ...] = ()
 
 
 def check_models(loaded: LoadedPipeline) -> None:
@@ -175,9 +215,21 @@ class EmbeddedPipeline:
             # handed to them in their environment.
             server = replace(settings.server, worker_token=generate_token())
             settings = replace(settings, server=server)
+        if settings.routers < 1:
+            raise ValueError(f"routers must be at least 1, got {settings.routers}")
+        if settings.routers > 1:
+            # The client ports are shared; /metrics gets a port of its own per router, so a
+            # scrape reaches the router it means (router 0: the one printed at start-up).
+            metrics_port = 0 if settings.server.metrics_port is None else None
+            server = replace(settings.server, reuse_port=True)
+            if metrics_port is not None:
+                server = replace(server, metrics_port=metrics_port)
+            settings = replace(settings, server=server)
         self.settings = settings
         self.plan = plan
         self.problem = problem  # the plan's, for re-planning
+        self.extra_routers: list[ExtraRouter] = []  # routers 1..N-1
+        self._arrivals: ArrivalReader | None = None
         self.replanner: Replanner | None = None
         check_models(loaded)
         self.configs = dict(configs or stage_configs(loaded, self.settings, plan))
@@ -222,10 +274,15 @@ class EmbeddedPipeline:
     async def __aenter__(self) -> EmbeddedPipeline:
         await self.app.start()
         log_dir = self.settings.log_dir or Path(tempfile.mkdtemp(prefix="sloline-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
         server = self.settings.server
+        launches = self._extra_routers(log_dir) if self.settings.routers > 1 else []
         self.backend = LocalBackend(
             self.loaded.file,
-            f"{server.worker_host}:{self.server.worker_port}",
+            ",".join(
+                [f"{server.worker_host}:{self.server.worker_port}"]
+                + [r.worker_url for r in self.extra_routers]
+            ),
             [
                 StageLaunch(n, self.settings.catalog.get(c.hardware), c.replicas)
                 for n, c in self.configs.items()
@@ -235,6 +292,7 @@ class EmbeddedPipeline:
             worker_nice=self.settings.worker_nice,
             worker_token=server.worker_token,
             model_dir=self.loaded.base_dir,
+            routers=launches,
         )
         self.router.on_attach = self.backend.worker_connected
         await self.backend.start()
@@ -253,6 +311,64 @@ class EmbeddedPipeline:
                 )
                 self._tasks.append(asyncio.create_task(self.replanner.run(self._stop)))
         return self
+
+    def _extra_routers(self, log_dir: Path) -> list[RouterLaunch]:
+        """Routers 1..N-1: their settings (router 0's, on its client ports, with worker and
+        metrics ports of their own) and how the local backend starts them."""
+        self._arrivals = ArrivalReader(self.envelope, lambda: self.router.stats.arrivals)
+        server = self.settings.server
+        base = replace(
+            server,
+            http_port=self.server.http_port,
+            grpc_port=self.server.grpc_port,
+            reuse_port=True,
+        )
+        launches = []
+        for i in range(1, self.settings.routers):
+            settings = replace(
+                base,
+                worker_port=free_port(server.worker_host),
+                metrics_port=free_port(server.host),
+            )
+            config = log_dir / f"router-{i}.json"
+            write_router_config(
+                config,
+                RouterConfig(
+                    pipeline=self.loaded.file,
+                    server=settings,
+                    router=self.settings.router,
+                    max_batch={n: c.max_batch for n, c in self.configs.items()},
+                    plan_envelope=self.plan.envelope if self.plan else None,
+                    lambda_windows_s=(
+                        self.tuner_settings.lambda_window_s,
+                        self.tuner_settings.lambda_lookback_s,
+                    ),
+                ),
+            )
+            self.extra_routers.append(
+                ExtraRouter(
+                    f"router-{i}",
+                    f"{server.worker_host}:{settings.worker_port}",
+                    f"{server.host}:{settings.metrics_port}",
+                )
+            )
+            launches.append(
+                RouterLaunch(
+                    f"router-{i}",
+                    [
+                        "embedded-router",
+                        "--config",
+                        str(config),
+                        "--arrivals-fd",
+                        str(self._arrivals.write_fd),
+                        "--parent-pid",
+                        str(os.getpid()),
+                        *self.settings.router_flags,
+                    ],
+                    pass_fds=(self._arrivals.write_fd,),
+                )
+            )
+        return launches
 
     # -- what the re-planner drives (sloline.tuner.replan.Serving) ----------------------
 
@@ -334,7 +450,12 @@ class EmbeddedPipeline:
         while True:
             replicas = self.router.replicas()
             if all(ready >= desired for desired, ready in replicas.values()):
-                return
+                desired = {n: d for n, (d, _) in replicas.items()}
+                others = await asyncio.gather(
+                    *(asyncio.to_thread(r.ready_replicas) for r in self.extra_routers)
+                )
+                if all(ready.get(n, 0) >= d for ready in others for n, d in desired.items()):
+                    return
             if time.monotonic() > deadline:
                 errors = {n: s.last_error for n, s in self.backend_status().items() if s.last_error}
                 raise TimeoutError(
@@ -352,13 +473,218 @@ class EmbeddedPipeline:
             await task
         await self.app.drain(drain_s)
         if self.backend is not None:
-            await self.backend.stop()
+            await self.backend.stop()  # the other routers drain first, then the workers go
         await self.app.stop()
+        if self._arrivals is not None:
+            self._arrivals.close()
 
     @property
     def http_url(self) -> str:
         return self.app.http_url
 
     @property
+    def metrics_url(self) -> str:
+        """Router 0's `/metrics` (a port of its own when there are several routers)."""
+        return self.app.metrics_url
+
+    @property
     def grpc_url(self) -> str:
         return self.app.grpc_url
+
+
+@dataclass(frozen=True, slots=True)
+class ExtraRouter:
+    """One of routers 1..N-1 as the embedded mode addresses it."""
+
+    name: str
+    worker_url: str  # its worker port, which every worker dials
+    metrics_url: str  # its `/metrics`
+
+    def ready_replicas(self) -> dict[str, int]:
+        """Connected workers per stage, from its `/metrics` ({} while it does not answer)."""
+        try:
+            with urllib.request.urlopen(f"http://{self.metrics_url}/metrics", timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        return {m["stage"]: int(float(m["value"])) for m in _READY_REPLICAS.finditer(text)}
+
+
+_READY_REPLICAS = re.compile(
+    r'^sloline_stage_replicas\{pipeline="[^"]*",stage="(?P<stage>[^"]*)",state="ready"\} '
+    r"(?P<value>\S+)$",
+    re.M,
+)
+
+
+def free_port(host: str) -> int:
+    """A port free on `host` now (a router binds it right after)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """What an extra router process is started with (as a JSON file: `sloline
+    embedded-router --config`); the worker token travels in its environment."""
+
+    pipeline: Path
+    server: ServerSettings
+    router: RouterSettings
+    max_batch: Mapping[str, int]
+    plan_envelope: Envelope | None
+    lambda_windows_s: tuple[float, float]
+
+
+_PATH_FIELDS = ("tls_cert", "tls_key", "tls_client_ca")
+
+
+def write_router_config(path: Path, config: RouterConfig) -> None:
+    """Write `config` readable only by this user (it may hold client bearer tokens)."""
+    server = {
+        f.name: getattr(config.server, f.name)
+        for f in fields(config.server)
+        if f.name != "worker_token"
+    }
+    for name in _PATH_FIELDS:
+        if server[name] is not None:
+            server[name] = str(server[name])
+    envelope = config.plan_envelope
+    doc = {
+        "pipeline": str(config.pipeline),
+        "server": server,
+        "router": asdict(config.router),
+        "max_batch": dict(config.max_batch),
+        "plan_envelope": (
+            None if envelope is None else [list(envelope.windows_s), list(envelope.rates_rps)]
+        ),
+        "lambda_windows_s": list(config.lambda_windows_s),
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(doc, out)
+
+
+def read_router_config(path: Path) -> RouterConfig:
+    doc = json.loads(path.read_text())
+    server = doc["server"]
+    for name in _PATH_FIELDS:
+        if server[name] is not None:
+            server[name] = Path(server[name])
+    server["auth_tokens"] = tuple(server["auth_tokens"])
+    server["worker_token"] = os.environ.get(WORKER_TOKEN_ENV) or None
+    envelope = doc["plan_envelope"]
+    width_s, lookback_s = doc["lambda_windows_s"]
+    return RouterConfig(
+        pipeline=Path(doc["pipeline"]),
+        server=ServerSettings(**server),
+        router=RouterSettings(**doc["router"]),
+        max_batch=doc["max_batch"],
+        plan_envelope=None
+        if envelope is None
+        else Envelope(tuple(envelope[0]), tuple(envelope[1])),
+        lambda_windows_s=(width_s, lookback_s),
+    )
+
+
+class ArrivalReader:
+    """Router 0's end of the pipe the other routers write their arrival times to
+    (float64 monotonic seconds, the clock every process on the machine shares): they go
+    into its envelope and, while the re-planner records them, its arrivals ring. A time
+    arrives up to `ARRIVAL_FLUSH_S` late and counts in the envelope when it arrives."""
+
+    def __init__(self, envelope: StreamingEnvelope, ring: Callable[[], Ring | None]) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)  # the routers get write_fd through pass_fds
+        self._envelope = envelope
+        self._ring = ring
+        self._rest = b""
+        asyncio.get_running_loop().add_reader(self.read_fd, self._read)
+
+    def _read(self) -> None:
+        try:
+            data = self._rest + os.read(self.read_fd, 1 << 16)
+        except BlockingIOError:
+            return
+        whole = len(data) - len(data) % 8
+        self._rest = data[whole:]
+        if not whole:
+            return
+        times = np.sort(np.frombuffer(data[:whole], dtype=np.float64))
+        self._envelope.observe_many(times)
+        ring = self._ring()
+        if ring is not None:
+            for t_s in times.tolist():
+                ring.add(t_s, t_s)
+
+    def close(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.read_fd)
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+
+class ArrivalWriter:
+    """An extra router's end of the arrivals pipe: collects arrival times, sends them
+    every `ARRIVAL_FLUSH_S` (dropped, with a warning, if router 0 does not keep up)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self._times = array.array("d")
+
+    def add(self, t_s: float) -> None:
+        self._times.append(t_s)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(ARRIVAL_FLUSH_S)
+            times, self._times = self._times, array.array("d")
+            for start in range(0, len(times), _PIPE_WRITE):
+                try:
+                    os.write(self.fd, times[start : start + _PIPE_WRITE].tobytes())
+                except BlockingIOError:
+                    log.warning("router 0 is not reading arrival times; %d dropped", len(times))
+                    break
+
+
+def serve_extra_router(config_path: Path, arrivals_fd: int | None, parent_pid: int | None) -> int:
+    """`sloline embedded-router`: one of routers 1..N-1 of `sloline run`, until SIGTERM
+    (drain, close) or its parent's death."""
+    die_with_parent(parent_pid)
+    config = read_router_config(config_path)
+    loaded = load_pipeline(config.pipeline)
+    writer = ArrivalWriter(arrivals_fd) if arrivals_fd is not None else None
+
+    async def serve() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        app = RouterApp(
+            loaded,
+            max_batch=config.max_batch,
+            server=config.server,
+            router=config.router,
+            plan_envelope=config.plan_envelope,
+            lambda_windows_s=config.lambda_windows_s,
+            on_arrival=writer.add if writer is not None else None,
+        )
+        async with app:
+            process.freeze_startup_heap()
+            flush = asyncio.create_task(writer.run()) if writer is not None else None
+            log.info(
+                "router serving %s; workers %s, metrics %s",
+                app.http_url,
+                app.worker_url,
+                app.metrics_url,
+            )
+            await stop.wait()
+            if flush is not None:
+                flush.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await flush
+        return 0
+
+    return process.run(serve())

@@ -81,6 +81,27 @@ class StageLaunch:
     replicas: int
 
 
+@dataclass(frozen=True, slots=True)
+class RouterLaunch:
+    """How to start one of the embedded mode's extra routers: `python -m sloline` with
+    `argv`, inheriting the file descriptors `pass_fds`."""
+
+    name: str
+    argv: list[str]
+    pass_fds: tuple[int, ...] = ()
+
+
+@dataclass(slots=True, eq=False)
+class _RouterProcess:
+    launch: RouterLaunch
+    process: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    restarts: int = 0
+    streak: int = 0
+    start_after: float = float("-inf")
+    last_error: str = ""
+
+
 @dataclass(slots=True, eq=False)
 class _Replica:
     process: subprocess.Popen[bytes]
@@ -120,12 +141,14 @@ class LocalBackend:
         restart: RestartPolicy | None = None,
         worker_token: str | None = None,
         model_dir: Path | None = None,
+        routers: list[RouterLaunch] | None = None,
     ) -> None:
         if not 0 <= worker_nice <= 19:
             raise ValueError(f"worker_nice must be 0-19 (a lower priority), got {worker_nice}")
         self.pipeline_file = pipeline_file
         self.worker_nice = worker_nice
-        self.router_address = router_address  # the router's worker port
+        # the routers' worker ports, comma-separated (the workers' --router)
+        self.router_address = router_address
         self.worker_token = worker_token  # passed in the environment, never in argv
         # The model directory the router resolved the pipeline with: the workers load the
         # same files, whatever SLOLINE_MODEL_DIR this process inherited.
@@ -136,13 +159,29 @@ class LocalBackend:
         self.clock = clock
         self.restart = restart or RestartPolicy()
         self._stages = {s.stage: _Stage(s, s.replicas) for s in stages}
+        # The embedded mode's routers 1..N-1: restarted like workers that had connected
+        # (at once; a router that dies within `reset_after_s` of its start backs off).
+        self._routers = [_RouterProcess(launch) for launch in routers or ()]
         self._monitor: asyncio.Task[None] | None = None
         self._counter = 0
 
     async def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._reconcile_routers()
         self._reconcile()
         self._monitor = asyncio.create_task(self._watch())
+
+    def router_pids(self) -> dict[str, int]:
+        """The running extra routers' pids, by name."""
+        return {
+            r.launch.name: r.process.pid
+            for r in self._routers
+            if r.process is not None and r.process.poll() is None
+        }
+
+    def router_status(self) -> dict[str, tuple[int, str]]:
+        """(restarts, last exit) of each extra router, by name."""
+        return {r.launch.name: (r.restarts, r.last_error) for r in self._routers}
 
     def scale(self, stage: str, replicas: int) -> None:
         if stage not in self._stages:
@@ -204,6 +243,7 @@ class LocalBackend:
             self._monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._monitor
+        await self._stop_routers()
         replicas = [r for s in self._stages.values() for r in s.replicas]
         for replica in replicas:
             self._terminate(replica)
@@ -222,7 +262,60 @@ class LocalBackend:
         for stage in self._stages.values():
             stage.replicas.clear()
 
+    async def _stop_routers(self) -> None:
+        """SIGTERM the extra routers (they drain their requests while the workers still
+        serve) and wait for them, killing those that outlast the grace period."""
+        running = [r.process for r in self._routers if r.process is not None]
+        for proc in running:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        deadline = self.clock() + self.grace_s
+        while any(proc.poll() is None for proc in running) and self.clock() < deadline:
+            await asyncio.sleep(0.02)
+        for proc in running:
+            if proc.poll() is None:
+                log.warning(
+                    "router pid %d ignored SIGTERM for %.0fs; killing", proc.pid, self.grace_s
+                )
+                proc.kill()
+                proc.wait()
+        self._routers.clear()
+
     # ------------------------------------------------------------------ internals
+    def _spawn_router(self, router: _RouterProcess) -> None:
+        """Start an extra router; it logs where this process does (a router's logs are
+        the user's, unlike a worker's)."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop(WORKER_TOKEN_ENV, None)
+        if self.worker_token:
+            env[WORKER_TOKEN_ENV] = self.worker_token
+        if self.model_dir is not None:
+            env[MODEL_DIR_ENV] = str(self.model_dir)
+        router.process = subprocess.Popen(
+            [sys.executable, "-m", "sloline", *router.launch.argv],
+            env=env,
+            process_group=0,
+            pass_fds=router.launch.pass_fds,
+        )
+        router.started = self.clock()
+
+    def _reconcile_routers(self) -> None:
+        now = self.clock()
+        for router in self._routers:
+            proc = router.process
+            if proc is not None and (code := proc.poll()) is not None:
+                router.process = None
+                router.restarts += 1
+                if now - router.started >= self.restart.reset_after_s:
+                    router.streak = 0
+                router.streak += 1
+                router.start_after = now + self.restart.delay(router.streak)
+                router.last_error = f"router pid {proc.pid} exited with {code}"
+                log.warning("%s: %s", router.launch.name, router.last_error)
+            if router.process is None and now >= router.start_after:
+                self._spawn_router(router)
+
     def _spawn(self, stage: _Stage) -> None:
         hw = stage.launch.hardware
         self._counter += 1
@@ -323,6 +416,7 @@ class LocalBackend:
 
     async def _watch(self) -> None:
         while True:
+            self._reconcile_routers()
             self._reap()
             self._reconcile()
             await asyncio.sleep(self.poll_s)

@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     process.use_grpc_iomgr()  # before anything imports grpc; workers and profiling too
     throttle_logs()
-    if args.command in ("run", "router", "worker"):
+    if args.command in ("run", "router", "worker", "embedded-router"):
         from sloline.serving import tracing
 
         try:  # workers take the endpoint from the environment (tracing.py)

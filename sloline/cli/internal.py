@@ -1,6 +1,7 @@
 """Commands that sloline itself runs, hidden from `sloline --help`: `worker` (started by
-`sloline run`, or one per pod), `profile-stage` (the profiler's measuring process) and
-`profile-job` (a Kubernetes profiling Job), `fetch-models` (a pod's storage initializer)."""
+`sloline run`, or one per pod), `embedded-router` (`sloline run`'s routers beyond the
+first), `profile-stage` (the profiler's measuring process) and `profile-job` (a
+Kubernetes profiling Job), `fetch-models` (a pod's storage initializer)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_worker_parser(sub)
+    _add_embedded_router_parser(sub)
     _add_profile_stage_parser(sub)
     _add_profile_job_parser(sub)
     _add_fetch_models_parser(sub)
@@ -86,7 +88,19 @@ def _add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     p.add_argument("--pipeline", required=True, help="the pipeline file")
     p.add_argument("--stage", required=True, help="the stage to serve")
-    p.add_argument("--router", required=True, help="the router's worker address host:port")
+    p.add_argument(
+        "--router",
+        required=True,
+        action="append",
+        help="the routers' worker addresses, host:port[,host:port...]; repeatable; each "
+        "host is resolved to every address it has, again every --resolve-s",
+    )
+    p.add_argument(
+        "--resolve-s",
+        type=float,
+        default=2.0,
+        help="how often the router names are resolved again (default 2)",
+    )
     p.add_argument(
         "--token-file",
         help="file holding the pipeline's worker token (default: $SLOLINE_WORKER_TOKEN)",
@@ -109,6 +123,27 @@ def _add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="after SIGTERM, exit even if the router has not closed the stream",
     )
     p.set_defaults(func=cmd_worker)
+
+
+def _add_embedded_router_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "embedded-router",
+        help=argparse.SUPPRESS,
+        description="One of `sloline run --routers N`'s routers beyond the first.",
+    )
+    p.add_argument("--config", required=True, type=Path, help="its settings (JSON)")
+    p.add_argument("--arrivals-fd", type=int, default=None, help="send arrival times here")
+    p.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
+    p.add_argument("--log-format", choices=("text", "json"), help="as `sloline run`'s")
+    p.add_argument("--otlp-endpoint", metavar="URL", help="as `sloline run`'s")
+    p.add_argument("--access-log-sample", type=float, metavar="F", help="as `sloline run`'s")
+    p.set_defaults(func=cmd_embedded_router)
+
+
+def cmd_embedded_router(args: argparse.Namespace) -> int:
+    from sloline.embedded import serve_extra_router
+
+    return serve_extra_router(args.config, args.arrivals_fd, args.parent_pid)
 
 
 def _add_profile_stage_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -154,6 +189,18 @@ def _add_profile_job_parser(sub: argparse._SubParsersAction[argparse.ArgumentPar
     p.set_defaults(func=cmd_profile_job)
 
 
+def router_entries(flags: list[str]) -> tuple[str, ...]:
+    """The `host:port` entries of every `--router` (each comma-separated)."""
+    routers = tuple(r.strip() for flag in flags for r in flag.split(",") if r.strip())
+    if not routers:
+        raise flag_error("--router", "expected host:port[,host:port...]")
+    for entry in routers:
+        host, _, port_text = entry.rpartition(":")
+        if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise flag_error("--router", f"expected host:port, got {entry!r}")
+    return routers
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from sloline.model_server.worker import WorkerSettings
     from sloline.model_server.worker import main as worker_main
@@ -161,6 +208,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     if not 0 <= args.nice <= 19:
         raise flag_error("--nice", f"must be 0-19 (a lower priority), got {args.nice}")
+    routers = router_entries(args.router)
+    if not args.resolve_s > 0:
+        raise flag_error("--resolve-s", f"must be positive, got {args.resolve_s}")
     token = worker_token(args.token_file)
     if token is None:
         logging.getLogger(__name__).warning(
@@ -171,7 +221,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         WorkerSettings(
             pipeline_file=Path(args.pipeline),
             stage=args.stage,
-            router=args.router,
+            routers=routers,
             token=token,
             threads=args.threads,
             cuda_device=args.cuda_device,
@@ -183,6 +233,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             health_host=args.health_host,
             health_port=args.health_port,
             stop_timeout_s=args.stop_timeout_s,
+            resolve_s=args.resolve_s,
         )
     )
 

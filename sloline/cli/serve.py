@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,6 +73,13 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--no-admission",
         action="store_true",
         help="queue requests that cannot finish in time instead of refusing them (503)",
+    )
+    p.add_argument(
+        "--routers",
+        type=int,
+        default=None,
+        help="router processes sharing the HTTP and gRPC ports; every worker serves all "
+        "(default: one per 4 cores, at least 1)",
     )
     p.add_argument("--log-dir", help="worker logs (default: a new temp dir)")
     add_limit_flags(p)
@@ -147,7 +155,13 @@ def _add_router_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sloline.embedded import EmbeddedPipeline, EmbeddedSettings, check_models, stage_configs
+    from sloline.embedded import (
+        EmbeddedPipeline,
+        EmbeddedSettings,
+        check_models,
+        default_routers,
+        stage_configs,
+    )
     from sloline.serving import process
     from sloline.serving.router import RouterSettings
     from sloline.serving.server import ServerSettings
@@ -167,7 +181,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         tuner=not args.no_tuner,
         worker_nice=args.worker_nice,
         replan=_replan_settings(args),
+        routers=_routers(args, default_routers),
+        router_flags=tuple(
+            arg
+            for flag, value in (
+                ("--log-format", args.log_format),
+                ("--otlp-endpoint", args.otlp_endpoint),
+                ("--access-log-sample", args.access_log_sample),
+            )
+            if value is not None
+            for arg in (flag, str(value))
+        ),
     )
+
     if not 0 <= args.worker_nice <= 19:
         raise flag_error("--worker-nice", f"must be 0-19, got {args.worker_nice}")
     replace(settings.server, insecure_workers=True).check()  # TLS flags, before profiling
@@ -190,6 +216,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     configs = stage_configs(loaded, settings, plan)
     pipeline = EmbeddedPipeline(loaded, settings, configs=configs, plan=plan, problem=problem)
     return process.run(_serve(pipeline, args, profile))
+
+
+def _routers(args: argparse.Namespace, default: Callable[[], int]) -> int:
+    """``--routers``, else the default from the cores; one router with ``--replan``, which
+    changes batch sizes in router 0 only."""
+    if args.routers is None:
+        return 1 if args.replan is not None else default()
+    if args.routers < 1:
+        raise flag_error("--routers", f"must be at least 1, got {args.routers}")
+    if args.routers > 1 and args.replan is not None:
+        raise flag_error(
+            "--routers",
+            "cannot be combined with --replan: a re-plan changes batch sizes in router 0 "
+            "only; use one router, or plan again and restart",
+        )
+    return int(args.routers)
 
 
 def _replan_settings(args: argparse.Namespace) -> ReplanSettings | None:
@@ -260,7 +302,8 @@ async def _serve(
         print(
             f"  HTTP  {scheme}://{p.http_url}/v2/models/{p.loaded.name}/infer\n"
             f"  gRPC  {p.grpc_url}  (GRPCInferenceService, model {p.loaded.name!r})\n"
-            f"  metrics {scheme}://{p.http_url}/metrics\n"
+            f"  metrics {'http' if p.extra_routers else scheme}://{p.metrics_url}/metrics"
+            f"{_other_routers(p)}\n"
             f"  worker logs {p.backend.log_dir if p.backend else '-'}\n"
             "  Ctrl-C to stop",
             flush=True,
@@ -271,6 +314,14 @@ async def _serve(
             _calibrate(p, profile, serving_since, Path(args.calibration_out))
         print("stopping: draining in-flight requests, then workers", flush=True)
     return 0
+
+
+def _other_routers(p: EmbeddedPipeline) -> str:
+    """The banner's note on routers 1..N-1 and their /metrics."""
+    if not p.extra_routers:
+        return ""
+    urls = ", ".join(f"http://{r.metrics_url}/metrics" for r in p.extra_routers)
+    return f" (router 0 of {len(p.extra_routers) + 1}; the others: {urls})"
 
 
 def cmd_router(args: argparse.Namespace) -> int:

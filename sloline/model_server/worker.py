@@ -1,11 +1,16 @@
-"""The worker process: one stage's model, pulling batches from the router.
+"""The worker process: one stage's model, pulling batches from the pipeline's routers.
 
 Start-up: load the pipeline file, load the stage's model with the replica's thread budget,
-warm it up, then dial the router's worker port with the pipeline's worker token
+warm it up, then dial every router's worker port with the pipeline's worker token
 (`serving/auth.py`) and say Hello (so a replica counts as ready only once it can serve).
 Then: receive a batch, run it, return per-item results, repeat. One batch is in flight at
-a time (the credit the router's queue accounts for). A router that refuses the token
-(UNAUTHENTICATED) ends the worker with that reason: retrying cannot fix it.
+a time: the worker's one credit, which moves between its routers (`credit.py`). A router
+that refuses the token (UNAUTHENTICATED) ends the worker with that reason: retrying
+cannot fix it.
+
+Routers: `--router` names host:port entries; each host is resolved (getaddrinfo, every
+address it returns) every `resolve_s`, and the worker keeps one stream per address:
+it connects to new ones and drops those gone from the answer.
 
 SIGTERM/SIGINT: finish the batch in hand, tell the router it is leaving, exit 0 (within
 `stop_timeout_s`, under Kubernetes' grace period, even if the router never answers). If
@@ -25,12 +30,15 @@ import logging
 import os
 import random
 import signal
+import socket
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
+from sloline.model_server.credit import CreditLedger
 from sloline.model_server.health import HealthServer, HealthState
 from sloline.runtimes import StageRunner, load_pipeline_stage
 from sloline.serving import auth, process, tracing, wire
@@ -47,7 +55,8 @@ _PR_SET_PDEATHSIG = 1
 class WorkerSettings:
     pipeline_file: Path
     stage: str
-    router: str  # host:port of the router's worker port
+    # host:port of the routers' worker ports; each host may resolve to several routers
+    routers: tuple[str, ...]
     token: str | None = None  # the pipeline's worker token (sent as a bearer token)
     threads: int = 1
     cuda_device: int | None = None
@@ -60,15 +69,23 @@ class WorkerSettings:
     health_host: str = "127.0.0.1"
     health_port: int | None = None  # serve /live and /ready here (Kubernetes probes)
     stop_timeout_s: float = 25.0  # after SIGTERM, give up on a silent router (grace 30 s)
+    resolve_s: float = 2.0  # how often the router names are resolved again
 
 
 def run_batch(
-    runner: StageRunner, batch: pb.Batch, payload: memoryview, stage: str = "", worker: str = ""
+    runner: StageRunner,
+    batch: pb.Batch,
+    payload: memoryview,
+    stage: str = "",
+    worker: str = "",
+    elsewhere_age: Callable[[], float | None] = lambda: None,
 ) -> bytes:
     """Run one batch through the model and encode the reply; model errors become the
     batch's error text. Inputs are views of the received message, outputs are copied
     once, into the reply (`wire`). A batch that carries its requests' trace contexts is
-    recorded as a span while this worker traces (`tracing.batch_span`)."""
+    recorded as a span while this worker traces (`tracing.batch_span`). `elsewhere_age`
+    is asked once the batch is done: the head age of older work at another router, if
+    any (`credit.py`)."""
     items = wire.batch_arrays(batch, payload)
     start, cpu = time.perf_counter(), time.process_time()
     try:
@@ -82,10 +99,30 @@ def run_batch(
     cpu_s = time.process_time() - cpu
     if batch.traceparent and tracing.tracer is not None:
         tracing.batch_span(batch.traceparent, stage, worker, service_s, error)
-    return wire.result_message(batch.batch_id, outputs, service_s, error, cpu_s=cpu_s)
+    return wire.result_message(
+        batch.batch_id, outputs, service_s, error, cpu_s=cpu_s, elsewhere_age_s=elsewhere_age()
+    )
+
+
+class RouterSession:
+    """The stream to one router address: its call and the lock its writes take turns on."""
+
+    __slots__ = ("address", "call", "lock")
+
+    def __init__(self, address: str, call: grpc.aio.StreamStreamCall[bytes, wire.Received]):
+        self.address = address
+        self.call = call
+        self.lock = asyncio.Lock()
+
+    async def write(self, message: bytes) -> None:
+        async with self.lock:
+            await self.call.write(message)
 
 
 class Worker:
+    """Serves one stage to every router its `--router` names resolve to, with one
+    credit across them all (`credit.py`)."""
+
     def __init__(
         self,
         settings: WorkerSettings,
@@ -99,13 +136,19 @@ class Worker:
         self.health = health or HealthState()
         self.stopping = asyncio.Event()
         self.worker_id = settings.worker_id or f"pid-{os.getpid()}"
+        self.credit = CreditLedger()
+        self.sessions: dict[str, RouterSession] = {}  # connected router addresses
+        self._followers: dict[str, asyncio.Task[None]] = {}  # a task per router address
+        self._wanted: set[str] = set()  # the addresses the names resolve to now
+        self._fatal: str | None = None
 
     def stop(self) -> None:
         """Begin a graceful stop (the SIGTERM handler)."""
         self.health.stopping = True
+        self.credit.stopping = True
         self.stopping.set()
 
-    def hello(self) -> bytes:
+    def hello(self, *, standby: bool = False) -> bytes:
         s = self.settings
         message = pb.WorkerMessage(
             hello=pb.Hello(
@@ -114,16 +157,46 @@ class Worker:
                 worker_id=self.worker_id,
                 pid=os.getpid(),
                 hardware=s.hardware,
+                standby=standby,
             )
         )
         return wire.encode(message, ())
 
     async def serve(self) -> None:
-        """Connect, serve until stopped, reconnect after router failures."""
+        """Follow every router the names resolve to, re-resolving every `resolve_s`,
+        until stopped and every stream has said goodbye."""
+        loop = asyncio.get_running_loop()
+        while not self.stopping.is_set():
+            addresses = await resolve(self.settings.routers)
+            for address in [a for a, task in self._followers.items() if task.done()]:
+                del self._followers[address]
+            if addresses is not None:
+                self._wanted = addresses
+                for address in addresses - self._followers.keys():
+                    self._followers[address] = loop.create_task(self._follow(address))
+                for address in self._followers.keys() - addresses:
+                    # A router leaving the answer (scaled down, or terminating and so no
+                    # longer ready) may still hold requests: serve it until it closes the
+                    # stream, only do not dial it again.
+                    if address not in self.sessions:
+                        self._followers.pop(address).cancel()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.settings.resolve_s)
+        if self._followers:
+            await asyncio.wait(self._followers.values())
+        if self._fatal is not None:
+            raise SystemExit(self._fatal)
+
+    async def _follow(self, address: str) -> None:
+        """Connect to one router, serve, reconnect after failures with jittered backoff,
+        as long as the names resolve to it."""
         backoff = 0.05
         while not self.stopping.is_set():
+            if address not in self._wanted:
+                log.info("router %s is gone from %s", address, ",".join(self.settings.routers))
+                return
             try:
-                await self._session()
+                await self._session(address)
                 backoff = 0.05
             except (grpc.aio.AioRpcError, ConnectionError) as exc:
                 if self.stopping.is_set():
@@ -132,15 +205,17 @@ class Worker:
                     isinstance(exc, grpc.aio.AioRpcError)
                     and exc.code() == grpc.StatusCode.UNAUTHENTICATED
                 ):
-                    raise SystemExit(
-                        f"router {self.settings.router} refused this worker's token "
+                    self._fail(
+                        f"router {address} refused this worker's token "
                         f"(UNAUTHENTICATED): give the pipeline's worker token in "
                         f"${auth.WORKER_TOKEN_ENV} or --token-file"
-                    ) from None
+                    )
+                    return
                 reason = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-                log.warning(
-                    "router %s: %s; retrying within %.2fs", self.settings.router, reason, backoff
-                )
+                log.warning("router %s: %s; retrying within %.2fs", address, reason, backoff)
+            except _Refused as exc:
+                self._fail(str(exc))
+                return
             if self.stopping.is_set():
                 break
             # Jitter spreads the reconnects of many workers after a router restart.
@@ -150,54 +225,89 @@ class Worker:
             except TimeoutError:
                 backoff = min(backoff * 2, self.settings.reconnect_max_s)
 
-    async def _session(self) -> None:
+    def _fail(self, reason: str) -> None:
+        """A router refused this worker: retrying cannot fix it, so stop."""
+        if self._fatal is None:
+            self._fatal = reason
+        self.stop()
+
+    async def _session(self, address: str) -> None:
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ]
-        async with grpc.aio.insecure_channel(self.settings.router, options=options) as channel:
+        async with grpc.aio.insecure_channel(address, options=options) as channel:
             connect = channel.stream_stream(
                 wire.CONNECT,
                 request_serializer=wire.identity,
                 response_deserializer=wire.decode_router_message,
             )
             call = connect(metadata=auth.bearer_metadata(self.settings.token))
-            await call.write(self.hello())
-            first = await call.read()
-            if first is grpc.aio.EOF or not first[0].HasField("welcome"):
-                raise ConnectionError("router closed the stream before welcoming this worker")
-            if first[0].welcome.error:
-                raise SystemExit(f"router refused this worker: {first[0].welcome.error}")
-            # The local backend reads this line to tell a crash after start-up from a
-            # start-up crash loop (backends/local.py, `_connected`): keep its wording.
-            log.info("stage %s connected to %s", self.settings.stage, self.settings.router)
-            self.health.connected = True
+            session = RouterSession(address, call)
+            standby = self.credit.join(address)
             try:
-                await self._loop(call)
+                await call.write(self.hello(standby=standby))
+                first = await call.read()
+                if first is grpc.aio.EOF or not first[0].HasField("welcome"):
+                    raise ConnectionError("router closed the stream before welcoming this worker")
+                if first[0].welcome.error:
+                    raise _Refused(f"router refused this worker: {first[0].welcome.error}")
+                # The local backend reads this line to tell a crash after start-up from a
+                # start-up crash loop (backends/local.py, `_connected`): keep its wording.
+                log.info("stage %s connected to %s", self.settings.stage, address)
+                self.sessions[address] = session
+                self.health.connected = True
+                await self._perform(self.credit.welcomed(address))
+                await self._loop(session)
             finally:
-                self.health.connected = False
+                self.sessions.pop(address, None)
+                self.health.connected = bool(self.sessions)
+                await self._perform(self.credit.leave(address))
 
-    async def _loop(self, call: grpc.aio.StreamStreamCall[bytes, wire.Received]) -> None:
+    async def _perform(self, actions: list[tuple[Hashable, bool]]) -> None:
+        """Send the credit moves the ledger asked for, in order."""
+        for router, grant in actions:
+            session = self.sessions.get(str(router))
+            if session is None:  # it went away meanwhile: its `leave` places the credit
+                continue
+            with contextlib.suppress(*_WRITE_FAILED):
+                await session.write(wire.credit_message(grant=grant))
+
+    async def _loop(self, session: RouterSession) -> None:
         """Serve batches until the router closes the stream. Stopping writes Leaving
         (under the write lock, never inside a result write) and keeps serving whatever the
         router already sent, so no batch is stranded on the wire."""
-        lock = asyncio.Lock()
+        call, address, credit = session.call, session.address, self.credit
 
         async def announce_leaving() -> None:
             await self.stopping.wait()
-            async with lock:
-                await call.write(wire.encode(pb.WorkerMessage(leaving=pb.Leaving()), ()))
+            await session.write(wire.encode(pb.WorkerMessage(leaving=pb.Leaving()), ()))
 
         leaving = asyncio.create_task(announce_leaving())
         try:
             while (received := await call.read()) is not grpc.aio.EOF:
                 message, payload = received
                 if message.HasField("batch"):
+                    credit.batch(address)
                     result = run_batch(
-                        self.runner, message.batch, payload, self.settings.stage, self.worker_id
+                        self.runner,
+                        message.batch,
+                        payload,
+                        self.settings.stage,
+                        self.worker_id,
+                        lambda: credit.elsewhere_age(address, time.monotonic()),
                     )
-                    async with lock:
-                        await call.write(result)
+                    await session.write(result)
+                elif message.HasField("backlog"):
+                    backlog = message.backlog
+                    await self._perform(
+                        credit.backlog(
+                            address,
+                            backlog.head_age_s if backlog.queued else None,
+                            backlog.released,
+                            time.monotonic(),
+                        )
+                    )
         finally:
             leaving.cancel()
         if not self.stopping.is_set():
@@ -205,7 +315,38 @@ class Worker:
         await call.done_writing()
 
 
-def _die_with_parent(parent_pid: int | None) -> None:
+# A write to a stream that broke: its session's end places the credit again.
+_WRITE_FAILED = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
+
+
+class _Refused(Exception):
+    """The router refused this worker (its Welcome carried an error)."""
+
+
+async def resolve(routers: tuple[str, ...]) -> set[str] | None:
+    """Every address the `host:port` entries resolve to (all of them: a headless Service
+    or a hosts entry with several records names several routers), as `host:port`; None
+    when none resolves now (the worker keeps the routers it has and tries again)."""
+    loop = asyncio.get_running_loop()
+    addresses: set[str] = set()
+    failed = []
+    for entry in routers:
+        host, _, port = entry.rpartition(":")
+        host = host.strip("[]")
+        try:
+            infos = await loop.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        except (OSError, ValueError) as exc:
+            failed.append(f"{entry} ({exc})")
+            continue
+        for family, _, _, _, sockaddr in infos:
+            ip = str(sockaddr[0])
+            addresses.add(f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}")
+    if failed:
+        log.debug("cannot resolve %s", ", ".join(failed))
+    return addresses if addresses or not failed else None
+
+
+def die_with_parent(parent_pid: int | None) -> None:
     """Get SIGTERM when the supervising process dies (Linux), so no worker is orphaned."""
     if parent_pid is None:
         return
@@ -222,7 +363,7 @@ def _exit_now(_signum: int, _frame: object) -> None:
 
 def main(settings: WorkerSettings) -> int:
     """Entry point of `sloline worker`: load, warm up, serve; return the exit code."""
-    _die_with_parent(settings.parent_pid)
+    die_with_parent(settings.parent_pid)
     process.lower_priority(settings.nice)
     signal.signal(signal.SIGTERM, _exit_now)
     if settings.cpus:

@@ -57,6 +57,7 @@ class RouterApp:
         cost_per_hour: Callable[[], Mapping[str, float]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         drain_s: float = 5.0,
+        on_arrival: Callable[[float], None] | None = None,
     ) -> None:
         self.loaded = loaded
         self.settings = server
@@ -70,6 +71,15 @@ class RouterApp:
         self.envelope = StreamingEnvelope(
             windows_s, start_s=clock(), lambda_window_s=width_s, lambda_lookback_s=lookback_s
         )
+        arrived: Callable[[float], None] = self.envelope.observe
+        if on_arrival is not None:  # also told of each arrival (embedded: extra routers)
+            observe, told = self.envelope.observe, on_arrival
+
+            def both(t_s: float) -> None:
+                observe(t_s)
+                told(t_s)
+
+            arrived = both
         self.router = Router(
             loaded.graph,
             max_batch=max_batch,
@@ -77,7 +87,7 @@ class RouterApp:
             registry=self.registry,
             desired_replicas=desired_replicas,
             clock=clock,
-            on_arrival=self.envelope.observe,
+            on_arrival=arrived,
             envelope=lambda: dict(
                 zip(
                     self.envelope.windows_s,

@@ -74,7 +74,7 @@ _REQUEST_ID: Final = logs.REQUEST_ID_HEADER.encode()
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     """A bound TCP socket for `uvicorn.Server.serve(sockets=[...])` (port 0: pick a free one).
 
     Create it with this, not `socket.socket(AF_INET)`: asyncio turns on TCP_NODELAY only
@@ -82,11 +82,16 @@ def bind_socket(host: str, port: int) -> socket.socket:
     made with protocol 0 inherit 0. uvicorn writes a response's headers and body
     separately, so without TCP_NODELAY Nagle holds the body back until the client's
     delayed ACK, adding ~40 ms to every keep-alive request on Linux.
+
+    `reuse_port`: share the port with other processes that bind it the same way (the
+    embedded mode's routers; the kernel spreads connections over them).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
     except OSError:
         sock.close()

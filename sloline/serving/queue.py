@@ -17,6 +17,16 @@ FIFO, to any idle worker. A half that dies again is split again, recursively, un
 item that kills its workers dies alone in a batch: only that item fails, and its
 batch-mates complete. An item is held by at most ``max_attempts +
 ceil(log2(max_batch))`` dead workers (5 at max batch 8).
+
+Many routers. A worker that serves several routers still holds one credit in total. Here
+it is idle (the credit is parked here), busy (it holds a batch of ours) or on standby
+(its credit is at another router). A standby worker is told when work is queued here
+(`Step.notify`, once per stretch of non-empty queue, and at once when it joins or turns
+standby while work is queued) and may `grant` its credit; an idle one may `withdraw` it
+(`Step.released`; a busy one is not affected: its batch is served). A worker returning
+a batch while it knows of older work elsewhere (`elsewhere_age_s`) stays idle here only
+if this queue's head has waited at least that long, else it turns standby and is
+released. With one router no worker is ever on standby and none of this happens.
 """
 
 from __future__ import annotations
@@ -62,6 +72,10 @@ class Step:
     # fail: a worker died holding it alone in its batch, its `attempts`-th death
     failed: list[WorkItem] = field(default_factory=list)
     completed: list[WorkItem] = field(default_factory=list)  # deliver results
+    # workers whose credit this queue no longer holds (tell them, with the backlog)
+    released: list[Hashable] = field(default_factory=list)
+    # standby workers to tell that work is queued here (module docstring, "Many routers")
+    notify: list[Hashable] = field(default_factory=list)
 
 
 class StageQueue:
@@ -81,6 +95,9 @@ class StageQueue:
         self._idle: deque[Hashable] = deque()  # workers holding a credit, longest idle first
         self._busy: dict[Hashable, Dispatch] = {}
         self._draining: set[Hashable] = set()
+        # Connected workers whose credit is at another router, in joining order.
+        self._standby: dict[Hashable, None] = {}
+        self._announced = False  # standby workers were told of the current backlog
         # Each worker's batch limit: `max_batch` when it joined. A re-planned stage changes
         # `max_batch` for the workers of its new configuration; the old ones keep theirs.
         self._limits: dict[Hashable, int] = {}
@@ -96,7 +113,7 @@ class StageQueue:
 
     @property
     def workers(self) -> int:
-        return len(self._idle) + len(self._busy)
+        return len(self._idle) + len(self._busy) + len(self._standby)
 
     @property
     def busy_workers(self) -> int:
@@ -112,30 +129,76 @@ class StageQueue:
         self._items.append(item)
         return self._dispatch(now, Step())
 
-    def add_worker(self, worker: Hashable, now: float) -> Step:
-        """A worker connected (or reconnected) and is idle."""
-        if worker in self._busy or worker in self._idle:
+    def head_age(self, now: float) -> float | None:
+        """How long the oldest queued item has waited; None when nothing is queued."""
+        heads = [group[0].enqueued_at for group in self._isolating if group]
+        if self._items:
+            heads.append(self._items[0].enqueued_at)
+        return now - min(heads) if heads else None
+
+    def add_worker(self, worker: Hashable, now: float, *, standby: bool = False) -> Step:
+        """A worker connected (or reconnected): idle, or on standby when its credit is at
+        another router (then it is told at once if work is queued)."""
+        if worker in self._busy or worker in self._idle or worker in self._standby:
             raise ValueError(f"worker {worker!r} is already registered on {self.stage!r}")
         self._draining.discard(worker)
-        self._idle.append(worker)
         self._limits[worker] = self.max_batch
+        if standby:
+            self._standby[worker] = None
+            step = Step()
+            if len(self):
+                step.notify.append(worker)
+            return step
+        self._idle.append(worker)
         return self._dispatch(now, Step())
 
-    def worker_done(self, worker: Hashable, batch_id: int, now: float) -> Step:
-        """The worker returned the results of `batch_id`; it is idle again unless draining."""
+    def grant(self, worker: Hashable, now: float) -> Step:
+        """A standby worker gives this queue its credit: it is idle here now."""
+        if worker not in self._standby:
+            return Step()  # not ours to take (a protocol slip): ignore it
+        del self._standby[worker]
+        self._idle.append(worker)
+        return self._dispatch(now, Step())
+
+    def withdraw(self, worker: Hashable) -> Step:
+        """An idle worker takes its credit back (`Step.released`); a busy one keeps its
+        batch (the withdrawal crossed it and is void)."""
+        step = Step()
+        if worker in self._idle:
+            self._idle.remove(worker)
+            self._standby[worker] = None
+            step.released.append(worker)
+        return step
+
+    def worker_done(
+        self, worker: Hashable, batch_id: int, now: float, elsewhere_age_s: float | None = None
+    ) -> Step:
+        """The worker returned the results of `batch_id`; it is idle again unless draining,
+        or unless it knows of work elsewhere that has waited longer than this queue's head
+        (`elsewhere_age_s`): then it is released to standby."""
         dispatch = self._busy.get(worker)
         if dispatch is None or dispatch.batch_id != batch_id:
             raise KeyError(f"worker {worker!r} holds no batch {batch_id} on {self.stage!r}")
         del self._busy[worker]
         step = Step(completed=dispatch.items)
-        if worker not in self._draining:
+        if worker in self._draining:
+            pass
+        elif elsewhere_age_s is None:
             self._idle.append(worker)
+        else:
+            head_age = self.head_age(now)
+            if head_age is not None and head_age >= elsewhere_age_s:
+                self._idle.append(worker)
+            else:
+                self._standby[worker] = None
+                step.released.append(worker)
         return self._dispatch(now, step)
 
     def drain_worker(self, worker: Hashable) -> bool:
         """The worker is leaving: it finishes its batch but gets no new one. Returns True
         when it holds no batch, so it can be let go now."""
         self._draining.add(worker)
+        self._standby.pop(worker, None)
         if worker in self._idle:
             self._idle.remove(worker)
         return worker not in self._busy
@@ -150,6 +213,7 @@ class StageQueue:
         its batch fails instead (module docstring, "Poison isolation")."""
         self._draining.discard(worker)
         self._limits.pop(worker, None)
+        self._standby.pop(worker, None)
         if worker in self._idle:
             self._idle.remove(worker)
         step = Step()
@@ -185,6 +249,8 @@ class StageQueue:
                 if live:
                     groups.append(live)
             self._isolating = groups
+        if not self._items and not self._isolating:
+            self._announced = False
         return step
 
     def _dispatch(self, now: float, step: Step) -> Step:
@@ -209,6 +275,11 @@ class StageQueue:
                 batch.append(item)
             if batch:
                 self._send(batch, step)
+        if not items and not isolating:
+            self._announced = False
+        elif self._standby and not self._announced:
+            self._announced = True
+            step.notify.extend(self._standby)
         return step
 
     def _send(self, batch: list[WorkItem], step: Step) -> None:

@@ -407,6 +407,8 @@ class Router:
             waits = self.metrics.queue_wait[queue.stage]
             for item in dispatch.items:
                 waits.observe(now - item.enqueued_at)
+        if step.released or step.notify:
+            self._tell_backlog(queue, step, now)
         for item in step.expired:
             item.request.fail(
                 DeadlineExceeded(f"deadline passed while queued at stage {queue.stage!r}")
@@ -419,6 +421,21 @@ class Router:
                     "times; it was isolated (alone in its batch) and failed"
                 )
             )
+
+    def _tell_backlog(self, queue: StageQueue, step: Step, now: float) -> None:
+        """Tell workers serving several routers what is queued here (queue.py, "Many
+        routers"): released ones that their credit is back with them, standby ones that
+        work is waiting."""
+        head_age_s = queue.head_age(now)
+        for worker in step.released:
+            if (conn := self.workers.get(str(worker))) is not None:
+                conn.send(wire.backlog_message(head_age_s, released=True))
+        if head_age_s is None:
+            return
+        message = wire.backlog_message(head_age_s)
+        for worker in step.notify:
+            if worker not in step.released and (conn := self.workers.get(str(worker))):
+                conn.send(message)
 
     # ----------------------------------------------------------------- workers
     def replicas(self) -> dict[str, tuple[int, int]]:
@@ -441,7 +458,7 @@ class Router:
         self.workers[conn.id] = conn
         queue = self.queues[conn.stage]
         now = self.clock()
-        self._perform(queue, queue.add_worker(conn.id, now), now)
+        self._perform(queue, queue.add_worker(conn.id, now, standby=hello.standby), now)
         if self.on_attach is not None:
             self.on_attach(conn.pid)
         # DEBUG: `sloline run`'s status table and `sloline_stage_replicas` show who is
@@ -466,12 +483,20 @@ class Router:
         if self.queues[conn.stage].drain_worker(conn.id):
             conn.close()
 
+    def on_credit(self, conn: WorkerConn, credit: pb.Credit) -> None:
+        """A worker serving several routers grants us its credit or withdraws it."""
+        queue = self.queues[conn.stage]
+        now = self.clock()
+        step = queue.grant(conn.id, now) if credit.grant else queue.withdraw(conn.id)
+        self._perform(queue, step, now)
+
     def on_result(self, conn: WorkerConn, result: pb.Result, payload: memoryview) -> None:
         """A worker returned a batch: answer or advance its requests, dispatch more."""
         stage = conn.stage
         queue = self.queues[stage]
         now = self.clock()
-        step = queue.worker_done(conn.id, result.batch_id, now)
+        elsewhere_s = result.elsewhere_age_s if result.HasField("elsewhere_age_s") else None
+        step = queue.worker_done(conn.id, result.batch_id, now, elsewhere_s)
         self._progress_at = now
         self.metrics.service_time(stage, result.service_s)
         items = step.completed

@@ -78,6 +78,9 @@ class ServerSettings:
     worker_port: int = 0
     worker_token: str | None = None  # required on Connect; None only with insecure_workers
     insecure_workers: bool = False  # accept workers without a token (explicit opt-out)
+    # Share the client HTTP and gRPC ports with the pipeline's other routers (SO_REUSEPORT;
+    # the embedded mode's `--routers`); the worker and metrics ports stay this router's.
+    reuse_port: bool = False
     # Client front doors: TLS (both doors) and bearer tokens; all off by default.
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -219,8 +222,9 @@ class RouterServer:
         await self._workers.start()
         tokens = TokenSet(s.auth_tokens) if s.auth_tokens else None
         clients = [TokenInterceptor(tokens, "gRPC client")] if tokens else []
+        reuse = ("grpc.so_reuseport", int(s.reuse_port))
         self._grpc = grpc.aio.server(
-            options=[*options, *grpc_server_options(limits)],
+            options=[*options[:-1], reuse, *grpc_server_options(limits)],
             interceptors=clients,
             maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
         )
@@ -245,7 +249,9 @@ class RouterServer:
         )
         if tokens is not None:
             app = BearerAuth(app, tokens)
-        self.http_port = await self._serve_http(app, s.http_port, "HTTP", http_limits, tls=s.tls)
+        self.http_port = await self._serve_http(
+            app, s.http_port, "HTTP", http_limits, tls=s.tls, reuse_port=s.reuse_port
+        )
         if s.metrics_port is not None:
             scrape = replace(http_limits, max_connections=METRICS_MAX_CONNECTIONS)
             self.metrics_port = await self._serve_http(
@@ -254,7 +260,14 @@ class RouterServer:
         self._expiry = asyncio.create_task(self.router.expire_queued())
 
     async def _serve_http(
-        self, app: ASGIApp, port: int, what: str, limits: HttpLimits, *, tls: bool = False
+        self,
+        app: ASGIApp,
+        port: int,
+        what: str,
+        limits: HttpLimits,
+        *,
+        tls: bool = False,
+        reuse_port: bool = False,
     ) -> int:
         """Start uvicorn for `app` on `port`; return the bound port once it serves."""
         s = self.settings
@@ -269,7 +282,7 @@ class RouterServer:
                 _read(s.tls_client_ca, "--tls-client-ca")
                 ssl |= {"ssl_ca_certs": str(s.tls_client_ca), "ssl_cert_reqs": CERT_REQUIRED}
         try:
-            sock = bind_socket(host, port)
+            sock = bind_socket(host, port, reuse_port=reuse_port)
         except OSError as exc:
             raise OSError(f"cannot listen for {what} on {host}:{port}: {exc}") from None
         config = uvicorn_config(app, limits, s.keepalive_timeout_s, **ssl)

@@ -140,6 +140,17 @@ def welcome_message(error: str = "") -> bytes:
     return encode(pb.RouterMessage(welcome=pb.Welcome(error=error)), ())
 
 
+def backlog_message(head_age_s: float | None, *, released: bool = False) -> bytes:
+    """Tell a worker that does not hold this router's credit what is queued here
+    (`head_age_s`: the oldest item's wait, None: nothing), and whether its credit was
+    just released."""
+    backlog = pb.Backlog(released=released)
+    if head_age_s is not None:
+        backlog.queued = True
+        backlog.head_age_s = head_age_s
+    return encode(pb.RouterMessage(backlog=backlog), ())
+
+
 def result_tensors(result: pb.Result, payload: memoryview) -> list[dict[str, Tensor]]:
     """Each item's output tensors, as views of `payload` (items with an error: empty)."""
     out: list[dict[str, Tensor]] = []
@@ -157,6 +168,11 @@ def result_tensors(result: pb.Result, payload: memoryview) -> list[dict[str, Ten
 
 
 # ---------------------------------------------------------------- worker side
+
+
+def credit_message(*, grant: bool) -> bytes:
+    """Give this router the worker's credit (`grant`) or withdraw it."""
+    return encode(pb.WorkerMessage(credit=pb.Credit(grant=grant)), ())
 
 
 def batch_arrays(batch: pb.Batch, payload: memoryview) -> list[dict[str, np.ndarray]]:
@@ -186,14 +202,18 @@ def result_message(
     service_s: float,
     error: str = "",
     cpu_s: float = 0.0,
+    elsewhere_age_s: float | None = None,
 ) -> bytes:
-    """The message returning one batch's per-item outputs (or the batch's error)."""
+    """The message returning one batch's per-item outputs (or the batch's error);
+    `elsewhere_age_s`: the head age of older work the worker knows at another router."""
     message = pb.WorkerMessage()
     result = message.result
     result.batch_id = batch_id
     result.service_s = service_s
     result.cpu_s = cpu_s
     result.error = error
+    if elsewhere_age_s is not None:
+        result.elsewhere_age_s = elsewhere_age_s
     buffers: list[Buffer] = []
     for out in outputs:
         tensors = result.items.add().tensors

@@ -111,6 +111,8 @@ class WorkerService:
                 message, payload = received
                 if message.HasField("result"):
                     self.router.on_result(conn, message.result, payload)
+                elif message.HasField("credit"):
+                    self.router.on_credit(conn, message.credit)
                 elif message.HasField("leaving"):
                     self.router.leaving(conn)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):

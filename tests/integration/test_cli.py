@@ -179,6 +179,8 @@ def _run(port: int, grpc_port: int) -> subprocess.Popen[str]:
             "--status-interval",
             "0.5",
             "--no-plan",
+            "--routers",  # the default depends on the cores; this counts processes
+            "1",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -53,6 +53,8 @@ class BackgroundPipeline:
         problem: PlanningProblem | None = None,
         replan: ReplanSettings | None = None,
         server: Mapping[str, Any] | None = None,
+        routers: int = 1,
+        log_dir: Path | None = None,
     ) -> None:
         self.settings = EmbeddedSettings(
             server=ServerSettings(
@@ -68,6 +70,8 @@ class BackgroundPipeline:
             tuner_overrides=tuner or {},
             tuner=run_tuner,
             replan=replan,
+            routers=routers,
+            log_dir=log_dir,
         )
         self.plan = plan
         self.problem = problem

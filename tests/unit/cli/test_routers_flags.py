@@ -1,0 +1,39 @@
+"""`sloline worker --router` entries and `sloline run --routers`."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from sloline.cli.internal import router_entries
+from sloline.cli.parser import build_parser
+from sloline.cli.serve import _routers
+from sloline.spec import PipelineError
+
+
+def test_router_takes_comma_separated_entries_and_repeats() -> None:
+    flags = ["--router", "a:1, b:2", "--router", "[::1]:3"]
+    args = build_parser().parse_args(["worker", "--pipeline", "p.yaml", "--stage", "s", *flags])
+    assert router_entries(args.router) == ("a:1", "b:2", "[::1]:3")
+    assert args.resolve_s == 2.0
+
+
+@pytest.mark.parametrize("bad", ["a", "a:", ":1", "a:0", "a:70000", "a:x", ","])
+def test_a_bad_router_entry_is_named(bad: str) -> None:
+    with pytest.raises(PipelineError, match="--router"):
+        router_entries([bad])
+
+
+def run_args(*flags: str) -> argparse.Namespace:
+    return build_parser().parse_args(["run", "p.yaml", *flags])
+
+
+def test_routers_default_from_the_cores_but_one_with_replan() -> None:
+    assert _routers(run_args(), lambda: 3) == 3
+    assert _routers(run_args("--replan"), lambda: 3) == 1
+    assert _routers(run_args("--routers", "2"), lambda: 3) == 2
+    with pytest.raises(PipelineError, match="--routers"):
+        _routers(run_args("--routers", "0"), lambda: 3)
+    with pytest.raises(PipelineError, match="--replan"):
+        _routers(run_args("--routers", "2", "--replan"), lambda: 3)
