@@ -166,8 +166,15 @@ class Worker:
         """Follow every router the names resolve to, re-resolving every `resolve_s`,
         until stopped and every stream has said goodbye."""
         loop = asyncio.get_running_loop()
+        unresolved: list[str] = []
         while not self.stopping.is_set():
-            addresses = await resolve(self.settings.routers)
+            addresses, failed = await resolve(self.settings.routers)
+            if failed != unresolved:  # say so when it starts, changes or ends
+                for entry in failed:
+                    log.warning("router %s; retrying every %.1fs", entry, self.settings.resolve_s)
+                if unresolved and not failed:
+                    log.info("router names resolve again: %s", ", ".join(sorted(addresses or ())))
+                unresolved = failed
             for address in [a for a, task in self._followers.items() if task.done()]:
                 del self._followers[address]
             if addresses is not None:
@@ -323,10 +330,11 @@ class _Refused(Exception):
     """The router refused this worker (its Welcome carried an error)."""
 
 
-async def resolve(routers: tuple[str, ...]) -> set[str] | None:
+async def resolve(routers: tuple[str, ...]) -> tuple[set[str] | None, list[str]]:
     """Every address the `host:port` entries resolve to (all of them: a headless Service
-    or a hosts entry with several records names several routers), as `host:port`; None
-    when none resolves now (the worker keeps the routers it has and tries again)."""
+    or a hosts entry with several records names several routers), as `host:port`, or
+    None when none resolves now (the worker keeps the routers it has and tries again);
+    and why each entry that does not resolve does not."""
     loop = asyncio.get_running_loop()
     addresses: set[str] = set()
     failed = []
@@ -336,14 +344,12 @@ async def resolve(routers: tuple[str, ...]) -> set[str] | None:
         try:
             infos = await loop.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
         except (OSError, ValueError) as exc:
-            failed.append(f"{entry} ({exc})")
+            failed.append(f"{entry} does not resolve ({exc})")
             continue
         for family, _, _, _, sockaddr in infos:
             ip = str(sockaddr[0])
             addresses.add(f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}")
-    if failed:
-        log.debug("cannot resolve %s", ", ".join(failed))
-    return addresses if addresses or not failed else None
+    return (addresses if addresses or not failed else None), failed
 
 
 def die_with_parent(parent_pid: int | None) -> None:

@@ -54,7 +54,7 @@ STAGES = ("preprocess", "fast", "accurate", "combine")
 # each router). With more than one, the story deletes each router pod in turn under load
 # and requests keep succeeding: the client retries what a stopping router answers with
 # UNAVAILABLE, only then.
-ROUTERS = 1
+ROUTERS = 2
 # What the story changes from the chart's defaults: small profiling Jobs, a quick tuner.
 STORY_VALUES: dict[str, Any] = {
     # The chart's own ServiceMonitor: Prometheus scrapes the operator's tuner metrics.
@@ -512,7 +512,7 @@ def breakage(name: str, *expected: str) -> Callable[[Callable[[str, dict[str, An
     "wrong-router-address",
     f"Deployment {NS}/{PIPELINE}-fast: 0/1 ready",
     "readiness probe failed: HTTP 503",
-    f"router {PIPELINE}-ruoter-workers:8003: UNAVAILABLE",
+    f"router {PIPELINE}-ruoter-workers:8003 does not resolve",
 )
 def _misspell_the_router(kind: str, obj: dict[str, Any]) -> None:
     """The `fast` workers dial a router name that does not resolve."""
@@ -528,7 +528,7 @@ def _misspell_the_router(kind: str, obj: dict[str, Any]) -> None:
     "ready-only-worker-service",
     f"Deployment {NS}/{PIPELINE}-router: 0/{ROUTERS} ready",
     f"service {NS}/{PIPELINE}-router-workers headless: worker:8003 -> no endpoints",
-    f"router {PIPELINE}-router-workers:8003: UNAVAILABLE",
+    f"router {PIPELINE}-router-workers:8003 does not resolve",
 )
 def _publish_ready_routers_only(kind: str, obj: dict[str, Any]) -> None:
     """The workers' Service names only ready routers: a router turns ready only once

@@ -30,9 +30,14 @@ async def test_resolve_returns_every_address_of_a_name() -> None:
         for info in socket.getaddrinfo("localhost", 8003, type=socket.SOCK_STREAM)
     }
     assert "127.0.0.1:8003" in expected
-    assert await resolve(("localhost:8003",)) == expected
+    assert await resolve(("localhost:8003",)) == (expected, [])
     both = await resolve(("127.0.0.1:1", "127.0.0.2:2"))
-    assert both == {"127.0.0.1:1", "127.0.0.2:2"}
+    assert both == ({"127.0.0.1:1", "127.0.0.2:2"}, [])
+    addresses, failed = await resolve(("no-such-router.invalid:8003",))
+    assert addresses is None
+    assert [f.split(" (")[0] for f in failed] == ["no-such-router.invalid:8003 does not resolve"]
+    addresses, failed = await resolve(("127.0.0.1:1", "no-such-router.invalid:8003"))
+    assert addresses == {"127.0.0.1:1"} and len(failed) == 1
 
 
 async def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
@@ -58,8 +63,8 @@ async def test_worker_follows_routers_that_come_and_go(monkeypatch: pytest.Monke
     a, b = (app.worker_url for app in apps)
     answer: set[str] = {a}
 
-    async def fake_resolve(_: tuple[str, ...]) -> set[str]:
-        return set(answer)
+    async def fake_resolve(_: tuple[str, ...]) -> tuple[set[str], list[str]]:
+        return set(answer), []
 
     monkeypatch.setattr(worker_module, "resolve", fake_resolve)
     runner = load_pipeline_stage(loaded, "s1")
