@@ -64,7 +64,8 @@ def test_multi_stage_pinned_and_non_root(name: str) -> None:
 def test_images_install_the_right_extras() -> None:
     runtime = dict(instructions(DOCKERFILES["runtime"]))
     runtime_text = DOCKERFILES["runtime"].read_text()
-    assert "ARG EXTRAS=torch" in runtime_text
+    # torch for TorchScript stages, s3 for the storage initializer's s3://, otel for traces
+    assert "ARG EXTRAS=torch,s3,otel" in runtime_text
     assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in runtime_text
     assert 'pip install ".[${EXTRAS}]"' in runtime_text
     assert runtime["ENTRYPOINT"] == '["sloline"]'
