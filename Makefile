@@ -37,7 +37,7 @@ tools: .tools/bin/helm .tools/bin/perf_analyzer
 	-scripts/fetch_prometheus.sh
 
 # The real Kubernetes control plane for the real-cluster tier (docs/e2e.md): built from
-# Go modules once per machine (about 10 minutes on an idle 2-core machine); where Go or
+# Go modules once per machine (about 6 minutes on an idle 2-core machine); where Go or
 # its module proxy is missing the build fails, says so, and those tests skip.
 KUBE_BIN := .tools/kube/v1.37.2/bin
 $(KUBE_BIN)/kube-scheduler:
