@@ -70,7 +70,8 @@ SETTINGS: dict[str, Any] = {
 def shaped(**templates: Any) -> dict[str, Any]:
     doc = pipeline_object()
     spec = doc["spec"]
-    spec["podTemplate"] = templates.get("everywhere", EVERYWHERE)
+    # A copy: callers change it (test_pod_admission), and EVERYWHERE is every test's.
+    spec["podTemplate"] = copy.deepcopy(templates.get("everywhere", EVERYWHERE))
     spec["routerPodTemplate"] = {"serviceAccountName": "router", "labels": {"role": "front"}}
     spec["profilingPodTemplate"] = {
         "priorityClassName": "batch-low",
