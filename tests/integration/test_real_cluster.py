@@ -461,9 +461,41 @@ def test_helm_installs_the_operator_which_takes_the_examples(chart: Cluster) -> 
     chart.kubectl("delete", "namespace", "ml", "--wait=false")
 
 
+def replacement_ready(pods: list[dict[str, Any]], gone: dict[str, Any]) -> bool:
+    """Another pod than `gone` among `pods` is Ready."""
+    return any(
+        p["metadata"]["uid"] != gone["metadata"]["uid"]
+        and any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in (p.get("status") or {}).get("conditions") or []
+        )
+        for p in pods
+    )
+
+
+def infer(router_ip: str) -> None:
+    """One digits-cascade inference through the router Service's cluster IP."""
+    request = {
+        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}]
+    }
+    answer = urllib.request.urlopen(
+        urllib.request.Request(
+            f"http://{router_ip}:8000/v2/models/digits-cascade/infer",
+            data=json.dumps(request).encode(),
+            headers={"Content-Type": "application/json"},
+        ),
+        timeout=30,
+    )
+    outputs = {o["name"]: o for o in json.loads(answer.read())["outputs"]}
+    assert outputs["probabilities"]["shape"] == [1, 10]
+    assert 0 <= int(outputs["label"]["data"][0]) <= 9
+
+
 def test_the_operator_serves_a_pipeline_and_deleting_it_removes_everything(
     chart: Cluster,
 ) -> None:
+    """Served; the operator restarted mid-way and a spec change after it; a worker pod
+    evicted; deleted with everything it owns."""
     chart.kubectl("apply", "-n", "serve", "-f", str(EXAMPLE))
 
     def ready() -> bool:
@@ -477,20 +509,69 @@ def test_the_operator_serves_a_pipeline_and_deleting_it_removes_everything(
 
     wait_for("digits-cascade Ready", ready, 420, why)
     router = chart.get("service", "-n", "serve", "digits-cascade-router")["spec"]["clusterIP"]
-    request = {
-        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}]
+    infer(router)
+
+    # The operator restarts mid-way: a new operator pod takes over, the pipeline keeps
+    # serving, and a spec change made after the restart is planned and deployed.
+    selector = "app.kubernetes.io/component=operator"
+    (old,) = chart.get("pods", "-n", "sloline-system", "-l", selector)["items"]
+    chart.kubectl("delete", "pod", "-n", "sloline-system", old["metadata"]["name"])
+
+    def new_operator_ready() -> bool:
+        pods = chart.get("pods", "-n", "sloline-system", "-l", selector)["items"]
+        return replacement_ready(pods, old)
+
+    wait_for("a new operator pod Ready", new_operator_ready, 180, why)
+    infer(router)
+    chart.kubectl(
+        "patch", "predictionpipeline", "-n", "serve", "digits-cascade", "--type", "merge",
+        "-p", json.dumps({"spec": {"slo": {"latencyMs": 60}}}),
+    )  # fmt: skip
+
+    def replanned() -> bool:
+        item = chart.get("predictionpipeline", "-n", "serve", "digits-cascade")
+        status = item.get("status") or {}
+        planned = next((c for c in status.get("conditions") or [] if c["type"] == "Planned"), {})
+        return (
+            planned.get("status") == "True"
+            and planned.get("observedGeneration") == item["metadata"]["generation"]
+            and status.get("phase") == "Ready"
+        )
+
+    wait_for("the SLO change planned by the new operator", replanned, 300, why)
+    infer(router)
+
+    # A drain-style eviction (the Eviction API, as `kubectl drain` uses) of a worker pod:
+    # its Deployment replaces it on the node and the pipeline answers again.
+    fast = "sloline.dev/pipeline=digits-cascade,sloline.dev/stage=fast"
+    (worker,) = chart.get("pods", "-n", "serve", "-l", fast)["items"]
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": worker["metadata"]["name"], "namespace": "serve"},
     }
-    answer = urllib.request.urlopen(
-        urllib.request.Request(
-            f"http://{router}:8000/v2/models/digits-cascade/infer",
-            data=json.dumps(request).encode(),
-            headers={"Content-Type": "application/json"},
-        ),
-        timeout=30,
-    )
-    outputs = {o["name"]: o for o in json.loads(answer.read())["outputs"]}
-    assert outputs["probabilities"]["shape"] == [1, 10]
-    assert 0 <= int(outputs["label"]["data"][0]) <= 9
+    path = f"/api/v1/namespaces/serve/pods/{worker['metadata']['name']}/eviction"
+    chart.kubectl("create", "--raw", path, "-f", "-", stdin=json.dumps(eviction))
+
+    def replaced() -> bool:
+        pods = chart.get(
+            "pods",
+            "-n",
+            "serve",
+            "-l",
+            "sloline.dev/pipeline=digits-cascade,sloline.dev/stage=fast",
+        )["items"]
+        return ready() and any(
+            p["metadata"]["uid"] != worker["metadata"]["uid"]
+            and any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in p["status"].get("conditions") or []
+            )
+            for p in pods
+        )
+
+    wait_for("the evicted worker replaced and the pipeline Ready", replaced, 240, why)
+    infer(router)
     log = operator_log(chart)
     assert "Forbidden" not in log and " 403" not in log, log  # the chart's RBAC suffices
     chart.kubectl("delete", "predictionpipeline", "-n", "serve", "digits-cascade")
