@@ -208,16 +208,17 @@ def wait_http(url: str, body: bytes | None, deadline_s: float, what: str,
 class SlolineSystem:
     def __init__(self, pipeline_file: Path, max_batch: dict[str, int], run_dir: Path,
                  name: str = "sloline", source: Path | None = None,
-                 routers: int = 1) -> None:  # fmt: skip
+                 routers: int = 1, replicas: int = 1) -> None:  # fmt: skip
         """`source`: run the sloline package found there (another build: its router and,
         through the inherited PYTHONPATH, its workers) instead of the importable one;
-        `routers`: `sloline run --routers`."""
+        `routers`: `sloline run --routers`; `replicas`: workers per stage."""
         self.name = name
         self.pipeline_file = pipeline_file
         self.max_batch = max_batch
         self.run_dir = run_dir
         self.env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
         self.routers = routers
+        self.replicas = replicas
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = self.grpc_port = 0
         self.metrics_urls: list[str] = []
@@ -226,7 +227,7 @@ class SlolineSystem:
         self.port, self.grpc_port = free_port(), free_port()
         # A fixed configuration, the same as every other system's: no planning, no tuner
         # (`sloline run` would otherwise profile, plan and autoscale replicas under the
-        # benchmark's load), one replica per stage, the given max batch.
+        # benchmark's load), `replicas` per stage (one by default), the given max batch.
         argv = [sys.executable, "-m", "sloline", "run", str(self.pipeline_file),
                 "--port", str(self.port), "--grpc-port", str(self.grpc_port), "--no-plan",
                 "--no-tuner", "--status-interval", "0", "--duration", "3600",
@@ -234,7 +235,7 @@ class SlolineSystem:
                 "--log-dir", str(self.run_dir / f"{self.name}-workers"),
                 "--routers", str(self.routers)]  # fmt: skip
         for stage, batch in self.max_batch.items():
-            argv += ["--max-batch", f"{stage}={batch}", "--replicas", f"{stage}=1"]
+            argv += ["--max-batch", f"{stage}={batch}", "--replicas", f"{stage}={self.replicas}"]
         self.argv = argv
         log_path = self.run_dir / f"{self.name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 (closed with the process)

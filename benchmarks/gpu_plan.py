@@ -1,0 +1,177 @@
+"""A GPU plan served: the planner's estimated P99 against the measured one, and the
+routers it takes to feed one GPU.
+
+The pipeline is image-ensemble's `preprocess` (Python, CPU) followed by its `large` CNN
+(TorchScript) at a rate that one router cannot carry: one GPU replica of `large` runs a
+batch of 32 in about a millisecond, far more than a router's few thousand requests per
+second. The catalog offers a 1-core CPU class and the machine's GPU (`cudaDevice: 0`).
+
+Steps: `sloline plan` (profiles every stage on both classes, measures the serving
+overhead, plans hardware, batch, replicas and routers; its estimated P99 is for Poisson
+arrivals at the spec's rate), then `sloline run` of that plan with the planned router
+count and no tuner, driven open loop with Poisson arrivals at the spec's rate by
+perf_analyzer (C++; `scripts/fetch_perf_analyzer.sh`) over OIP v2 REST. The same plan is
+then served with one router fewer than planned, down to one, at the same rate, as a
+control: perf_analyzer stops at the first failed request, so a configuration that
+sheds load (503) or misses deadlines is reported as such.
+
+Needs a CUDA build of torch and a GPU; writes ``results/gpu_plan.json``.
+
+Usage: ``python benchmarks/gpu_plan.py [--rate 6000] [--slo-ms 50] [--window-ms 5000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from report import machine_info
+from systems import free_port, stop_tree, wait_http
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+IMAGE = ROOT / "examples" / "image-ensemble"
+PERF_ANALYZER = ROOT / ".tools" / "bin" / "perf_analyzer"
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def pipeline_dir(run_dir: Path, rate: float, slo_ms: float) -> Path:
+    """preprocess -> large from image-ensemble, with a 1-core CPU class and GPU 0."""
+    folder = run_dir / "gpu-feed"
+    (folder / "models").mkdir(parents=True)
+    if not (IMAGE / "models" / "large.pt").exists():
+        subprocess.run([sys.executable, "build.py"], cwd=IMAGE, check=True, timeout=900)
+    shutil.copy(IMAGE / "models" / "large.pt", folder / "models")
+    shutil.copy(IMAGE / "ensemble_stages.py", folder)
+    spec = yaml.safe_load((IMAGE / "pipeline.yaml").read_text())
+    stages = {s["name"]: s for s in spec["spec"]["stages"]}
+    spec["metadata"]["name"] = "gpu-feed"
+    spec["spec"].update(
+        slo={"latencyMs": slo_ms, "percentile": 99},
+        workload={"rateRps": rate, "cv2": 1.0},
+        stages=[stages["preprocess"], stages["large"]],
+        output="large",
+    )
+    (folder / "pipeline.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    catalog = {"classes": [
+        {"name": "cpu-1", "costPerHour": 0.05, "embedded": {"threads": 1}},
+        {"name": "gpu-0", "accelerator": "gpu", "costPerHour": 2.50,
+         "embedded": {"threads": 1, "cudaDevice": 0}},
+    ]}  # fmt: skip
+    (folder / "catalog.yaml").write_text(yaml.safe_dump(catalog, sort_keys=False))
+    return folder
+
+
+def sloline(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sloline", *args]
+
+
+def serve(folder: Path, cache: Path, routers: int, rate: float, window_ms: int,
+          run_dir: Path) -> dict[str, Any]:  # fmt: skip
+    """`sloline run` of the plan with `routers` routers, measured open loop at `rate`."""
+    port, grpc_port = free_port(), free_port()
+    log_path = run_dir / f"run-r{routers}.log"
+    argv = sloline("run", str(folder / "pipeline.yaml"), "--catalog",
+                   str(folder / "catalog.yaml"), "--cache-dir", str(cache), "--routers",
+                   str(routers), "--no-tuner", "--port", str(port), "--grpc-port",
+                   str(grpc_port), "--status-interval", "0", "--log-dir",
+                   str(run_dir / f"workers-r{routers}"))  # fmt: skip
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+    record: dict[str, Any] = {"routers": routers, "rate_rps": rate}
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v2/health/ready", None, 600, "sloline run")
+        time.sleep(2.0)  # every router's workers connected (readiness is per router)
+        csv_path = run_dir / "pa.csv"
+        pa = [str(PERF_ANALYZER), "-m", "gpu-feed", "-i", "http", "-u", f"127.0.0.1:{port}",
+              "--request-rate-range", str(rate), "--request-distribution", "poisson",
+              "--max-threads", "64", "--measurement-interval", str(window_ms),
+              "--stability-percentage", "999", "--max-trials", "3",
+              "-f", str(csv_path)]  # fmt: skip
+        done = subprocess.run(pa, capture_output=True, text=True, timeout=600, check=False)
+        if done.returncode != 0 or not csv_path.exists():
+            errors = [line for line in (done.stdout + done.stderr).splitlines() if "error" in line]
+            record["error"] = errors[-1] if errors else (done.stdout + done.stderr)[-500:]
+        else:
+            (row,) = list(csv.DictReader(csv_path.open()))
+            record.update(rps=float(row["Inferences/Second"]),
+                          p50_ms=int(row["p50 latency"]) / 1e3,
+                          p99_ms=int(row["p99 latency"]) / 1e3)  # fmt: skip
+    finally:
+        stop_tree(proc, 30.0)
+    lines = log_path.read_text(errors="replace").splitlines()
+    first = next((i for i, line in enumerate(lines) if line.startswith("plan for")), len(lines))
+    last = next((i for i, line in enumerate(lines) if line.startswith("estimated:")), first)
+    record["plan_table"] = lines[first : last + 1]
+    log(f"routers={routers}: {json.dumps({k: v for k, v in record.items() if k != 'plan_table'})}")
+    return record
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=6000.0, help="requests per second")
+    parser.add_argument("--slo-ms", type=float, default=50.0)
+    parser.add_argument("--window-ms", type=int, default=5000)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "gpu_plan.json")
+    args = parser.parse_args()
+    if not os.access(PERF_ANALYZER, os.X_OK):
+        print("error: no perf_analyzer: run scripts/fetch_perf_analyzer.sh", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    run_dir = Path(tempfile.mkdtemp(prefix="sloline-gpu-plan-"))
+    folder = pipeline_dir(run_dir, args.rate, args.slo_ms)
+    cache = run_dir / "profiles"
+    log("sloline plan (profiles every stage on cpu-1 and gpu-0) ...")
+    planned = subprocess.run(sloline("plan", str(folder / "pipeline.yaml"), "--catalog",
+                                     str(folder / "catalog.yaml"), "--cache-dir", str(cache),
+                                     "-o", "json"),
+                             capture_output=True, text=True, timeout=1200, check=False)  # fmt: skip
+    if planned.returncode != 0:
+        print(planned.stderr[-3000:], file=sys.stderr)
+        return 1
+    plan = json.loads(planned.stdout)
+    log(
+        f"plan: routers {plan['routers']}, P99 {1e3 * plan['p99Seconds']:.1f} ms, "
+        f"{[(s['name'], s['hardware'], s['maxBatch'], s['replicas']) for s in plan['stages']]}"
+    )
+    served = [serve(folder, cache, n, args.rate, args.window_ms, run_dir)
+              for n in range(plan["routers"], 0, -1)]  # fmt: skip
+    doc = {"date": datetime.date.today().isoformat(), "machine": machine_info(""),
+           "settings": {**vars(args), "out": str(args.out), "run_dir": str(run_dir),
+                        "wall_s": time.perf_counter() - started},
+           "plan": plan, "served": served}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1, default=str))
+    print(
+        f"plan: {plan['routers']} routers, estimated P99 {1e3 * plan['p99Seconds']:.1f} ms "
+        f"(SLO {args.slo_ms:.0f} ms) at {args.rate:.0f} rps, ${plan['costPerHour']:.2f}/h"
+    )
+    for s in plan["stages"]:
+        print(f"  {s['name']}: {s['hardware']} batch {s['maxBatch']} x{s['replicas']}")
+    for r in served:
+        got = (f"P99 {r['p99_ms']:.1f} ms at {r['rps']:.0f} rps" if "p99_ms" in r
+               else f"failed: {r['error'][:200]}")  # fmt: skip
+        print(f"served with {r['routers']} router(s): {got}")
+    print(f"\nraw results: {args.out} ({doc['settings']['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
