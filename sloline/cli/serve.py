@@ -29,6 +29,7 @@ from sloline.spec import load_pipeline
 
 if TYPE_CHECKING:
     from sloline.embedded import EmbeddedPipeline
+    from sloline.planner.plan import Plan
     from sloline.planner.profile import PipelineProfile
     from sloline.tuner.replan import ReplanSettings
 
@@ -79,7 +80,7 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         default=None,
         help="router processes sharing the HTTP and gRPC ports; every worker serves all "
-        "(default: one per 4 cores, at least 1)",
+        "(default: one per 4 cores, at least 1, or the plan's count if that is more)",
     )
     p.add_argument("--log-dir", help="worker logs (default: a new temp dir)")
     add_limit_flags(p)
@@ -213,14 +214,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         session = plan_session(args, loaded, profile, calibration)
         plan, problem = session.plan, session.problem
         print(plan.to_table())
+        settings = replace(settings, routers=_planned_routers(args, settings.routers, plan))
     configs = stage_configs(loaded, settings, plan)
     pipeline = EmbeddedPipeline(loaded, settings, configs=configs, plan=plan, problem=problem)
     return process.run(_serve(pipeline, args, profile))
 
 
 def _routers(args: argparse.Namespace, default: Callable[[], int]) -> int:
-    """``--routers``, else the default from the cores; one router with ``--replan``, which
-    changes batch sizes in router 0 only."""
+    """``--routers``, else the default from the cores (raised to the plan's count once
+    there is a plan); one router with ``--replan``, which changes batch sizes in router 0
+    only."""
     if args.routers is None:
         return 1 if args.replan is not None else default()
     if args.routers < 1:
@@ -232,6 +235,14 @@ def _routers(args: argparse.Namespace, default: Callable[[], int]) -> int:
             "only; use one router, or plan again and restart",
         )
     return int(args.routers)
+
+
+def _planned_routers(args: argparse.Namespace, routers: int, plan: Plan) -> int:
+    """The default router count raised to the plan's (``--routers`` and ``--replan`` keep
+    theirs)."""
+    if args.routers is not None or args.replan is not None:
+        return routers
+    return max(routers, plan.routers)
 
 
 def _replan_settings(args: argparse.Namespace) -> ReplanSettings | None:

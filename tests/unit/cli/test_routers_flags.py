@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
 
 import pytest
 
 from sloline.cli.internal import router_entries
 from sloline.cli.parser import build_parser
-from sloline.cli.serve import _routers
+from sloline.cli.serve import _planned_routers, _routers
 from sloline.spec import PipelineError
 
 
@@ -37,3 +38,11 @@ def test_routers_default_from_the_cores_but_one_with_replan() -> None:
         _routers(run_args("--routers", "0"), lambda: 3)
     with pytest.raises(PipelineError, match="--replan"):
         _routers(run_args("--routers", "2", "--replan"), lambda: 3)
+
+
+def test_a_plan_that_needs_more_routers_raises_the_default_only() -> None:
+    plan = SimpleNamespace(routers=3)
+    assert _planned_routers(run_args(), 1, plan) == 3  # type: ignore[arg-type]
+    assert _planned_routers(run_args(), 4, plan) == 4  # type: ignore[arg-type]
+    assert _planned_routers(run_args("--routers", "1"), 1, plan) == 1  # type: ignore[arg-type]
+    assert _planned_routers(run_args("--replan"), 1, plan) == 1  # type: ignore[arg-type]
