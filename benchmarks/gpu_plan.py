@@ -8,7 +8,9 @@ second. The catalog offers a 1-core CPU class and the machine's GPU (`cudaDevice
 
 Steps: `sloline plan` (profiles every stage on both classes, measures the serving
 overhead, plans hardware, batch, replicas and routers; its estimated P99 is for Poisson
-arrivals at the spec's rate), then `sloline run` of that plan with the planned router
+arrivals at the spec's rate over a `--duration-s` planning trace, 10 s by default: the
+planner simulates every arrival of that trace per estimate, so its time grows with
+rate x duration), then `sloline run` of that plan with the planned router
 count and no tuner, driven open loop with Poisson arrivals at the spec's rate by
 perf_analyzer (C++; `scripts/fetch_perf_analyzer.sh`) over OIP v2 REST. The same plan is
 then served with one router fewer than planned, down to one, at the same rate, as a
@@ -52,7 +54,7 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def pipeline_dir(run_dir: Path, rate: float, slo_ms: float) -> Path:
+def pipeline_dir(run_dir: Path, rate: float, slo_ms: float, duration_s: float) -> Path:
     """preprocess -> large from image-ensemble, with a 1-core CPU class and GPU 0."""
     folder = run_dir / "gpu-feed"
     (folder / "models").mkdir(parents=True)
@@ -65,7 +67,7 @@ def pipeline_dir(run_dir: Path, rate: float, slo_ms: float) -> Path:
     spec["metadata"]["name"] = "gpu-feed"
     spec["spec"].update(
         slo={"latencyMs": slo_ms, "percentile": 99},
-        workload={"rateRps": rate, "cv2": 1.0},
+        workload={"rateRps": rate, "cv2": 1.0, "durationS": duration_s},
         stages=[stages["preprocess"], stages["large"]],
         output="large",
     )
@@ -129,6 +131,9 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=6000.0, help="requests per second")
     parser.add_argument("--slo-ms", type=float, default=50.0)
     parser.add_argument("--window-ms", type=int, default=5000)
+    parser.add_argument("--duration-s", type=float, default=10.0,
+                        help="the planning trace's length (spec.workload.durationS): the "
+                        "planner simulates rate x duration arrivals per estimate")  # fmt: skip
     parser.add_argument("--out", type=Path, default=HERE / "results" / "gpu_plan.json")
     args = parser.parse_args()
     if not os.access(PERF_ANALYZER, os.X_OK):
@@ -136,26 +141,27 @@ def main() -> int:
         return 2
     started = time.perf_counter()
     run_dir = Path(tempfile.mkdtemp(prefix="sloline-gpu-plan-"))
-    folder = pipeline_dir(run_dir, args.rate, args.slo_ms)
+    folder = pipeline_dir(run_dir, args.rate, args.slo_ms, args.duration_s)
     cache = run_dir / "profiles"
     log("sloline plan (profiles every stage on cpu-1 and gpu-0) ...")
     planned = subprocess.run(sloline("plan", str(folder / "pipeline.yaml"), "--catalog",
                                      str(folder / "catalog.yaml"), "--cache-dir", str(cache),
                                      "-o", "json"),
-                             capture_output=True, text=True, timeout=1200, check=False)  # fmt: skip
+                             stdout=subprocess.PIPE, text=True, timeout=1200,
+                             check=False)  # fmt: skip
     if planned.returncode != 0:
-        print(planned.stderr[-3000:], file=sys.stderr)
         return 1
     plan = json.loads(planned.stdout)
+    plan_s = time.perf_counter() - started
     log(
-        f"plan: routers {plan['routers']}, P99 {1e3 * plan['p99Seconds']:.1f} ms, "
+        f"plan ({plan_s:.0f} s): routers {plan['routers']}, P99 {1e3 * plan['p99Seconds']:.1f} ms, "
         f"{[(s['name'], s['hardware'], s['maxBatch'], s['replicas']) for s in plan['stages']]}"
     )
     served = [serve(folder, cache, n, args.rate, args.window_ms, run_dir)
               for n in range(plan["routers"], 0, -1)]  # fmt: skip
     doc = {"date": datetime.date.today().isoformat(), "machine": machine_info(""),
            "settings": {**vars(args), "out": str(args.out), "run_dir": str(run_dir),
-                        "wall_s": time.perf_counter() - started},
+                        "wall_s": time.perf_counter() - started, "plan_s": plan_s},
            "plan": plan, "served": served}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1, default=str))
