@@ -75,6 +75,8 @@ class StageDeployment:
 
 ARRIVALS_KEPT = 1 << 17  # arrival times the re-planner can see: a minute up to ~2000 rps
 ARRIVAL_FLUSH_S = 0.05  # how often an extra router sends its arrival times to router 0
+ARRIVAL_HOLD_S = 4 * ARRIVAL_FLUSH_S  # how long router 0 holds a time to merge them in order
+ARRIVAL_DELAY_S = ARRIVAL_HOLD_S + ARRIVAL_FLUSH_S  # how far behind its envelope counts
 _PIPE_WRITE = 4096 // 8  # arrival times per pipe write (PIPE_BUF: atomic among writers)
 
 log = logging.getLogger(__name__)
@@ -229,7 +231,10 @@ class EmbeddedPipeline:
         self.plan = plan
         self.problem = problem  # the plan's, for re-planning
         self.extra_routers: list[ExtraRouter] = []  # routers 1..N-1
-        self._arrivals: ArrivalReader | None = None
+        # Router 0 merges every router's arrivals into its envelope (one router: its own).
+        self._arrivals = (
+            ArrivalMerger(lambda: self.router.stats.arrivals) if settings.routers > 1 else None
+        )
         self.replanner: Replanner | None = None
         check_models(loaded)
         self.configs = dict(configs or stage_configs(loaded, self.settings, plan))
@@ -259,6 +264,8 @@ class EmbeddedPipeline:
                 self.tuner_settings.lambda_lookback_s,
             ),
             registry=registry,
+            on_arrival=None if self._arrivals is None else self._arrivals.add,
+            observe_arrivals=self._arrivals is None,
             desired_replicas=lambda: self.backend.desired() if self.backend else {},
             cost_per_hour=lambda: {
                 n: catalog.get(c.hardware).cost_per_hour * d
@@ -315,7 +322,9 @@ class EmbeddedPipeline:
     def _extra_routers(self, log_dir: Path) -> list[RouterLaunch]:
         """Routers 1..N-1: their settings (router 0's, on its client ports, with worker and
         metrics ports of their own) and how the local backend starts them."""
-        self._arrivals = ArrivalReader(self.envelope, lambda: self.router.stats.arrivals)
+        assert self._arrivals is not None
+        self._arrivals.start(self.envelope)
+        self._tasks.append(asyncio.create_task(self._arrivals.run(self._stop)))
         server = self.settings.server
         base = replace(
             server,
@@ -433,7 +442,11 @@ class EmbeddedPipeline:
             stages=stages,
             planning_envelope=plan.envelope,
             planning_rate_rps=plan.rate_rps,
-            source=StreamingSource(self.envelope, lookback_s=settings.envelope_lookback_s),
+            source=StreamingSource(
+                self.envelope,
+                lookback_s=settings.envelope_lookback_s,
+                delay_s=0.0 if self._arrivals is None else ARRIVAL_DELAY_S,
+            ),
             actuator=Actuator(),
             settings=settings,
             on_decision=TunerMetrics(self.registry).recorder(
@@ -589,19 +602,38 @@ def read_router_config(path: Path) -> RouterConfig:
     )
 
 
-class ArrivalReader:
-    """Router 0's end of the pipe the other routers write their arrival times to
-    (float64 monotonic seconds, the clock every process on the machine shares): they go
-    into its envelope and, while the re-planner records them, its arrivals ring. A time
-    arrives up to `ARRIVAL_FLUSH_S` late and counts in the envelope when it arrives."""
+class ArrivalMerger:
+    """Router 0's merge of every router's arrival times into its envelope, in time order.
 
-    def __init__(self, envelope: StreamingEnvelope, ring: Callable[[], Ring | None]) -> None:
+    Its own arrivals come through `add`, the other routers' over a pipe (float64 monotonic
+    seconds, the clock every process on the machine shares; each router sends them every
+    `ARRIVAL_FLUSH_S`). A time is held until it is `ARRIVAL_HOLD_S` old, then counted, so
+    the envelope counts the arrivals at their own times, as one process seeing them all
+    would (counted as they came, a late batch would land in one instant, a burst that
+    never was). A time that comes later still counts at the latest time counted. The
+    tuner reads the envelope `ARRIVAL_DELAY_S` in the past. While the re-planner records
+    arrivals, the other routers' times also go into its ring (router 0 adds its own)."""
+
+    def __init__(
+        self, ring: Callable[[], Ring | None], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._ring = ring
+        self._clock = clock
+        self._held = array.array("d")
+        self._rest = b""
+        self._envelope: StreamingEnvelope | None = None
+        self.read_fd = self.write_fd = -1
+
+    def start(self, envelope: StreamingEnvelope) -> None:
+        """Open the pipe and read it on the running event loop; count into `envelope`."""
+        self._envelope = envelope
         self.read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.read_fd, False)  # the routers get write_fd through pass_fds
-        self._envelope = envelope
-        self._ring = ring
-        self._rest = b""
         asyncio.get_running_loop().add_reader(self.read_fd, self._read)
+
+    def add(self, t_s: float) -> None:
+        """One of router 0's own arrivals."""
+        self._held.append(t_s)
 
     def _read(self) -> None:
         try:
@@ -612,17 +644,34 @@ class ArrivalReader:
         self._rest = data[whole:]
         if not whole:
             return
-        times = np.sort(np.frombuffer(data[:whole], dtype=np.float64))
-        self._envelope.observe_many(times)
+        self._held.frombytes(data[:whole])
         ring = self._ring()
         if ring is not None:
-            for t_s in times.tolist():
+            for t_s in np.frombuffer(data[:whole], dtype=np.float64).tolist():
                 ring.add(t_s, t_s)
 
+    def flush(self, now_s: float) -> None:
+        """Count the held times that are at least `ARRIVAL_HOLD_S` old, in time order."""
+        if not self._held or self._envelope is None:
+            return
+        times = np.sort(np.frombuffer(self._held, dtype=np.float64))
+        due = int(np.searchsorted(times, now_s - ARRIVAL_HOLD_S, side="right"))
+        if due:
+            self._envelope.observe_many(times[:due])
+            self._held = array.array("d", times[due:].tobytes())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Flush every `ARRIVAL_FLUSH_S` until `stop`."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), ARRIVAL_FLUSH_S)
+            self.flush(self._clock())
+
     def close(self) -> None:
-        asyncio.get_running_loop().remove_reader(self.read_fd)
-        os.close(self.read_fd)
-        os.close(self.write_fd)
+        if self.read_fd >= 0:
+            asyncio.get_running_loop().remove_reader(self.read_fd)
+            os.close(self.read_fd)
+            os.close(self.write_fd)
 
 
 class ArrivalWriter:

@@ -2,7 +2,8 @@
 
 The policy is the embedded mode's (`sloline.tuner.policy.decide`, run by
 `sloline.tuner.sources.Tuner`); only the edges differ. Observations come from the
-router's metrics in Prometheus (`PrometheusSource`), and the actuator sets worker
+routers' metrics in Prometheus (`PrometheusSource`: the routers' envelopes summed, compared
+with the planning trace split over as many routers), and the actuator sets worker
 Deployments' replicas through the `/scale` subresource and reads their ready pods. The
 daemon follows the deployed plan (`plan.json` in `<p>-config`): a new plan means a new
 tuner, with the plan's envelope, rates and bounds.
@@ -32,6 +33,7 @@ from sloline.operator.metrics import OperatorMetrics
 from sloline.operator.naming import config_map_name, router_name, worker_name
 from sloline.operator.settings import OperatorSettings
 from sloline.planner.plan import Plan
+from sloline.planner.workload import trace_for_workload
 from sloline.spec import PipelineGraph, parse_pipeline
 from sloline.tuner.policy import Decision, TunerSettings
 from sloline.tuner.sources import (
@@ -184,6 +186,9 @@ class TunerDaemon:
             stages=stages,
             planning_envelope=plan.envelope,
             planning_rate_rps=plan.rate_rps,
+            # The trace the plan was made for (the operator plans on the same workload):
+            # the routers' envelopes sum, and are compared with it split as many ways.
+            planning_sample_s=trace_for_workload(graph.pipeline.spec.workload),
             source=source,
             actuator=actuator,
             settings=settings,

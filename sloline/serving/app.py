@@ -58,6 +58,7 @@ class RouterApp:
         clock: Callable[[], float] = time.monotonic,
         drain_s: float = 5.0,
         on_arrival: Callable[[float], None] | None = None,
+        observe_arrivals: bool = True,
     ) -> None:
         self.loaded = loaded
         self.settings = server
@@ -71,8 +72,10 @@ class RouterApp:
         self.envelope = StreamingEnvelope(
             windows_s, start_s=clock(), lambda_window_s=width_s, lambda_lookback_s=lookback_s
         )
-        arrived: Callable[[float], None] = self.envelope.observe
-        if on_arrival is not None:  # also told of each arrival (embedded: extra routers)
+        # `observe_arrivals=False`: arrivals go to `on_arrival` only, which feeds the
+        # envelope itself (embedded router 0 merges every router's in time order).
+        arrived = self.envelope.observe if observe_arrivals else on_arrival
+        if observe_arrivals and on_arrival is not None:  # also told (embedded: routers 1..)
             observe, told = self.envelope.observe, on_arrival
 
             def both(t_s: float) -> None:

@@ -35,6 +35,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy.typing as npt
+
 from sloline.common.envelope import Envelope, StreamingEnvelope
 from sloline.tuner.policy import (
     Decision,
@@ -46,6 +48,7 @@ from sloline.tuner.policy import (
     decide,
     effective_rhos,
 )
+from sloline.tuner.reference import PlanningReference
 
 if TYPE_CHECKING:
     from sloline.planner.plan import Plan
@@ -86,6 +89,10 @@ class MetricSnapshot:
     ready_replicas: Mapping[str, int] = field(default_factory=dict)
     """Ready replicas per stage where the source knows them (the :class:`Tuner` uses the
     actuator's counts, which do not lag a scrape; this is for status and dashboards)."""
+    streams: int = 1
+    """How many routers' envelopes ``observed_envelope`` sums (1: one process saw every
+    arrival); the :class:`Tuner` compares it with the planning trace split as many ways
+    (:mod:`sloline.tuner.reference`)."""
 
 
 class MetricSource(Protocol):
@@ -121,19 +128,27 @@ class RouterActuator(Protocol):
 
 
 class StreamingSource:
-    """Observations from an in-process :class:`StreamingEnvelope` (embedded mode).
+    """Observations from an in-process :class:`StreamingEnvelope` (embedded mode), which
+    sees every arrival of the pipeline (one stream).
 
-    Call it on the event loop that feeds the envelope: the envelope is not thread-safe.
+    ``delay_s``: arrivals reach the envelope up to this late (router 0 merges the other
+    routers' arrivals in time order after a hold), so it is read as of ``now - delay_s``,
+    where its λ windows are complete. Call it on the event loop that feeds the envelope:
+    the envelope is not thread-safe.
     """
 
-    def __init__(self, envelope: StreamingEnvelope, *, lookback_s: float | None = None) -> None:
+    def __init__(
+        self, envelope: StreamingEnvelope, *, lookback_s: float | None = None, delay_s: float = 0.0
+    ) -> None:
         self._envelope = envelope
         self._lookback_s = lookback_s
+        self._delay_s = delay_s
 
     async def observe(self, now_s: float) -> MetricSnapshot:
         """The envelope over the look-back and the completed λ windows at ``now_s``."""
+        at_s = now_s - self._delay_s
         return MetricSnapshot(
-            self._envelope.envelope(now_s, self._lookback_s), self._envelope.lambdas(now_s)
+            self._envelope.envelope(at_s, self._lookback_s), self._envelope.lambdas(at_s)
         )
 
 
@@ -169,11 +184,12 @@ def _duration(seconds: float) -> str:
 class PrometheusSource:
     """Observations from a Prometheus server's HTTP API (``/api/v1/query``), §5.
 
-    - envelope: ``sum by (window) (max_over_time(
-      sloline_arrival_envelope_requests_per_second{namespace, pipeline}[lookback]))`` —
-      with several router replicas the sum of their envelopes bounds the envelope of the
-      total stream from above (conservative for scale-up) — and each window's size,
-      ``max by (window) (sloline_arrival_envelope_window_seconds{namespace, pipeline})``;
+    - envelope: ``max_over_time(sloline_arrival_envelope_requests_per_second{namespace,
+      pipeline}[lookback])``, one series per router and window, summed per window here;
+      the routers that saw arrivals are the snapshot's ``streams`` (the sum is compared
+      with the planning trace split as many ways, :mod:`sloline.tuner.reference`); and
+      each window's size, ``max by (window)
+      (sloline_arrival_envelope_window_seconds{namespace, pipeline})``;
     - λ series: ``sum(rate(sloline_requests_total{namespace, pipeline}[rate_window]))
       [lambda_lookback:lambda_window]`` — one value per λ window. ``rate`` needs two
       samples in ``rate_window``: scrape the router at least every ``rate_window / 2``
@@ -205,9 +221,9 @@ class PrometheusSource:
         selector = pipeline_selector(namespace, pipeline)
         rate_window = lambda_window_s if lambda_rate_window_s is None else lambda_rate_window_s
         self.envelope_query = (
-            "sum by (window) (max_over_time("
+            "max_over_time("
             f"sloline_arrival_envelope_requests_per_second{{{selector}}}"
-            f"[{_duration(lookback_s)}]))"
+            f"[{_duration(lookback_s)}])"
         )
         self.windows_query = (
             f"max by (window) (sloline_arrival_envelope_window_seconds{{{selector}}})"
@@ -227,10 +243,12 @@ class PrometheusSource:
             asyncio.to_thread(self._query, self.lambda_query),
             asyncio.to_thread(self._query, self.ready_query),
         )
+        observed, streams = self._envelope(envelope, windows)
         return MetricSnapshot(
-            self._envelope(envelope, windows),
+            observed,
             self._lambdas(lambdas),
             {s["metric"].get("stage", ""): int(float(s["value"][1])) for s in ready},
+            streams=max(1, streams),
         )
 
     def _query(self, promql: str) -> list[dict[str, Any]]:
@@ -246,17 +264,26 @@ class PrometheusSource:
             raise PrometheusError(f"unexpected Prometheus response to {promql}: {body}") from exc
         return result
 
-    def _envelope(self, series: list[dict[str, Any]], windows: list[dict[str, Any]]) -> Envelope:
+    def _envelope(
+        self, series: list[dict[str, Any]], windows: list[dict[str, Any]]
+    ) -> tuple[Envelope, int]:
+        """The routers' envelopes summed per window, and how many routers saw arrivals
+        (a router is a series' labels other than ``window``)."""
         rates = [0.0] * len(self._windows_s)
         sizes = {s["metric"].get("window", ""): float(s["value"][1]) for s in windows}
         exported = sorted(sizes.values())
+        routers: set[tuple[tuple[str, str], ...]] = set()
         for item in series:
-            window = sizes.get(item["metric"].get("window", ""))
+            labels = dict(item["metric"])
+            window = sizes.get(labels.pop("window", ""))
             if window is None:  # its size is no longer exported: a window of an old plan
                 continue
+            rate = _finite(item["value"][1])
             for i, ours in enumerate(self._windows_s):
                 if math.isclose(window, ours, rel_tol=_MATCH_TOL):
-                    rates[i] = _finite(item["value"][1])
+                    rates[i] += rate
+                    if rate > 0.0:
+                        routers.add(tuple(sorted(labels.items())))
         if exported and not any(
             math.isclose(w, ours, rel_tol=_MATCH_TOL) for w in exported for ours in self._windows_s
         ):
@@ -264,7 +291,7 @@ class PrometheusSource:
                 f"the router exports envelope windows {exported} but the tuner "
                 f"expects {self._windows_s}; both must use the plan's window base T_s"
             )
-        return Envelope(self._windows_s, tuple(rates))
+        return Envelope(self._windows_s, tuple(rates)), len(routers)
 
     @staticmethod
     def _lambdas(series: list[dict[str, Any]]) -> tuple[float, ...]:
@@ -359,6 +386,10 @@ class Tuner:
     ``router_actuator`` it scales the routers too. ``on_decision`` is called with each
     applied stage decision (e.g. :meth:`TunerMetrics.recorder
     <sloline.serving.metrics.TunerMetrics.recorder>`, the decisions counter).
+
+    ``planning_sample_s``, the planning trace, is needed where the source sums several
+    routers' envelopes (:class:`PrometheusSource`): each tick compares the observation
+    with the trace split as many ways as it sums (:mod:`sloline.tuner.reference`).
     """
 
     def __init__(
@@ -367,6 +398,7 @@ class Tuner:
         stages: Sequence[StageTuning],
         planning_envelope: Envelope,
         planning_rate_rps: float | None = None,
+        planning_sample_s: npt.ArrayLike | None = None,
         source: MetricSource,
         actuator: Actuator,
         settings: TunerSettings,
@@ -380,7 +412,7 @@ class Tuner:
         self._stages = tuple(stages)
         self._routers = routers
         self._router_actuator = router_actuator
-        self._planning = planning_envelope
+        self._planning = PlanningReference(planning_envelope, planning_sample_s)
         self._planning_rate_rps = planning_rate_rps
         self._source = source
         self._actuator = actuator
@@ -398,12 +430,13 @@ class Tuner:
         planning_rate_rps: float | None,
         routers: RouterTuning | None = None,
     ) -> None:
-        """Tune a new plan from now on (a re-plan: :mod:`sloline.tuner.replan`), its
-        routers with ``routers`` (None: not tuned); adopting it is a change, so nothing
-        scales down in the next ``stabilization_s``."""
+        """Tune a new plan from now on (a re-plan: :mod:`sloline.tuner.replan`, embedded,
+        where one envelope sees every arrival), its routers with ``routers`` (None: not
+        tuned); adopting it is a change, so nothing scales down in the next
+        ``stabilization_s``."""
         self._stages = tuple(stages)
         self._routers = routers
-        self._planning = planning_envelope
+        self._planning = PlanningReference(planning_envelope)
         self._planning_rate_rps = planning_rate_rps
         self.last_change_s = self._clock()
 
@@ -429,7 +462,7 @@ class Tuner:
         context = TunerContext(
             now_s=now_s,
             stages=tuple(states),
-            planning_envelope=self._planning,
+            planning_envelope=self._planning.for_streams(observation.streams),
             observed_envelope=observation.observed_envelope,
             recent_lambdas_rps=observation.recent_lambdas_rps,
             last_change_s=self.last_change_s,

@@ -53,10 +53,8 @@ STAGES = ("preprocess", "fast", "accurate", "combine")
 # Routers per pipeline (chart value settings.router.replicas; every worker connects to
 # each router). With more than one, the story deletes each router pod in turn under load
 # and requests keep succeeding: the client retries what a stopping router answers with
-# UNAVAILABLE, only then. It runs with one: with two, the tuner's envelope (the sum of
-# the routers' envelopes, docs/tuner.md "Routers") can exceed the planned one at the
-# smallest windows and scale up under the planned rate, which the story rightly fails.
-ROUTERS = 1
+# UNAVAILABLE, only then.
+ROUTERS = 2
 # What the story changes from the chart's defaults: small profiling Jobs, a quick tuner.
 STORY_VALUES: dict[str, Any] = {
     # The chart's own ServiceMonitor: Prometheus scrapes the operator's tuner metrics.

@@ -92,8 +92,7 @@ async def test_prometheus_source_queries_and_parses() -> None:
     assert {url for url, _ in fake.calls} == {"http://prom:9090/api/v1/query"}
     selector = 'namespace="team-a", pipeline="my\\"pipe"'
     assert {p["query"] for _, p in fake.calls} == {
-        "sum by (window) (max_over_time("
-        f"sloline_arrival_envelope_requests_per_second{{{selector}}}[60s]))",
+        f"max_over_time(sloline_arrival_envelope_requests_per_second{{{selector}}}[60s])",
         f"max by (window) (sloline_arrival_envelope_window_seconds{{{selector}}})",
         f"sum(rate(sloline_requests_total{{{selector}}}[5s]))[30s:5s]",
         f'max by (stage) (sloline_stage_replicas{{{selector}, state="ready"}})',
@@ -101,6 +100,29 @@ async def test_prometheus_source_queries_and_parses() -> None:
     assert observation.observed_envelope == Envelope(WINDOWS, (80.0, 7.0, 0.0, 0.0, 0.0, 12.5))
     assert observation.recent_lambdas_rps == (4.0, 6.0, 5.0)
     assert observation.ready_replicas == {"resnet": 3, "bert": 1}
+    assert observation.streams == 1
+
+
+async def test_prometheus_source_sums_the_routers_envelopes_and_counts_them() -> None:
+    def router(pod: str, rates: tuple[float, float]) -> list[tuple[dict[str, str], float]]:
+        return [({"pod": pod, "window": str(i)}, r) for i, r in enumerate(rates)]
+
+    envelope = vector(
+        *router("router-a", (40.0, 6.0)),
+        *router("router-b", (24.0, 5.0)),
+        *router("router-c", (0.0, 0.0)),  # saw no arrival in the look-back: not a stream
+    )
+    windows = vector(({"window": "0"}, 0.25), ({"window": "1"}, 0.5))
+    source = PrometheusSource(
+        "http://p",
+        "ns",
+        "x",
+        windows_s=WINDOWS,
+        get_json=FakePrometheus(envelope, LAMBDAS, READY, windows),
+    )
+    observation = await source.observe(0.0)
+    assert observation.observed_envelope.rates_rps[:2] == (64.0, 11.0)
+    assert observation.streams == 2
 
 
 async def test_prometheus_source_before_any_data_sees_nothing() -> None:
