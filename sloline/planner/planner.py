@@ -14,10 +14,11 @@ space meets the SLO, a valid one is returned (Algorithm 1 reaches the no-queuein
 configuration); (2) no single action lowers the cost without violating the SLO.
 
 :func:`multi_start` (the default search) adds a way out of Algorithm 2's traps: a second
-descent that first keeps every stage on its hardware, and moves that take a replica off
-(or change the class of) the dearest stages at any batch size while the others grow; a
-downgrade to a cheap, slow class or a free batch increase that spends the latency budget
-is then weighed against the plans it blocks. ``search="greedy"`` is InferLine's single
+descent that first keeps every stage on its hardware, moves that take a replica off (or
+change the class of) the dearest stages at any batch size while the others grow, and
+moves that take a replica off one stage while another gets faster; a downgrade to a
+cheap, slow class or a free batch increase that spends the latency budget is then
+weighed against the plans it blocks. ``search="greedy"`` is InferLine's single
 descent.
 
 :func:`plan` runs Algorithm 1 and the search and packages the result as a :class:`Plan`
@@ -523,8 +524,9 @@ def _escape(
     one replica fewer on its class, or at its fewest replicas on any class (an upgrade
     too) whose price is lower, at *every* batch size (not only the best one alone); the
     other stages grow as in Algorithm 1 while the total stays cheaper, then Algorithm 2
-    descends. The first cheaper result replaces ``config`` and the moves start over, the
-    dearest stages first. E.g. a GPU stage at batch 16 with one replica fewer, where the
+    descends; where none is cheaper, the :func:`_paired_moves` (grown by the tail where
+    the bottleneck does not help, :func:`_grow_tail`). The first cheaper result replaces
+    ``config`` and the moves start over, the dearest stages first. E.g. a GPU stage at batch 16 with one replica fewer, where the
     CPU stage before it needs two more replicas to keep its output steady."""
     stages = problem.topology.stages
     while True:
@@ -582,7 +584,7 @@ def _paired_moves(problem: PlanningProblem, config: Config, m: int) -> list[Conf
     if current.replicas - 1 < problem.replica_bounds(name)[0]:
         return []
     fewer = _with(config, m, replace(current, replicas=current.replicas - 1))
-    budget = problem.cost_per_hour(config) - problem.hardware_costs[current.hardware]
+    saving = problem.hardware_costs[current.hardware]
     moves = []
     for j, other in enumerate(problem.topology.stages):
         if j == m:
@@ -602,10 +604,8 @@ def _paired_moves(problem: PlanningProblem, config: Config, m: int) -> list[Conf
             if b < c.max_batch
         ]
         for option in faster + smaller:
-            extra = c.replicas * (
-                problem.hardware_costs[option.hardware] - problem.hardware_costs[c.hardware]
-            )
-            if budget + extra < problem.cost_per_hour(config) - _EPS:
+            price = problem.hardware_costs[option.hardware] - problem.hardware_costs[c.hardware]
+            if c.replicas * price < saving - _EPS:
                 moves.append(_with(fewer, j, option))
     return moves
 
