@@ -526,8 +526,9 @@ def _escape(
     other stages grow as in Algorithm 1 while the total stays cheaper, then Algorithm 2
     descends; where none is cheaper, the :func:`_paired_moves` (grown by the tail where
     the bottleneck does not help, :func:`_grow_tail`). The first cheaper result replaces
-    ``config`` and the moves start over, the dearest stages first. E.g. a GPU stage at batch 16 with one replica fewer, where the
-    CPU stage before it needs two more replicas to keep its output steady."""
+    ``config`` and the moves start over, the dearest stages first. E.g. a GPU stage at
+    batch 16 with one replica fewer, where the CPU stage before it needs two more
+    replicas to keep its output steady."""
     stages = problem.topology.stages
     while True:
         cost = problem.cost_per_hour(config)
