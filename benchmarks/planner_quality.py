@@ -14,6 +14,7 @@
 3. Cost monotonicity in the SLO: independent runs vs ``plan_sweep``.
 
     python benchmarks/planner_quality.py [--quick] [--seeds N] [--first-seed S]
+        [--families cloud synthetic] [--gaps-only]
 
 Prints markdown tables and writes benchmarks/results/planner_quality.json (other first
 seeds: planner_quality.seeds-S.json; ``--quick``: a few small cases, written to
@@ -225,18 +226,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few small cases only")
     parser.add_argument("--seeds", type=int, default=100, help="problems per family")
     parser.add_argument("--first-seed", type=int, default=1000, help="held-out seeds from here")
+    parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES))
+    parser.add_argument(
+        "--gaps-only", action="store_true", help="only the planners vs the optimum (2.)"
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     first = args.first_seed
-    if args.quick:
-        big = [ten_stage(first, 4)]
-        seeds = range(first, first + 3)
-        mono = [monotonicity_case(seed) for seed in range(first, first + 2)]
-    else:
-        big = [ten_stage(seed, 10) for seed in range(first, first + 5)]
-        seeds = range(first, first + args.seeds)
-        mono = [monotonicity_case(seed) for seed in range(first, first + 20)]
-    cases = [gap_case(family, seed, args.quick) for family in FAMILIES for seed in seeds]
+    seeds = range(first, first + (3 if args.quick else args.seeds))
+    big_seeds = range(first, first + (1 if args.quick else 5))
+    mono_seeds = range(first, first + (2 if args.quick else 20))
+    if args.gaps_only:
+        big_seeds = mono_seeds = range(0)
+    big = [ten_stage(seed, 4 if args.quick else 10) for seed in big_seeds]
+    mono = [monotonicity_case(seed) for seed in mono_seeds]
+    cases = [gap_case(family, seed, args.quick) for family in args.families for seed in seeds]
     result: dict[str, Any] = {
         "meta": {
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
@@ -250,14 +254,14 @@ def main() -> None:
                 label: gap_summary([r for r in cases if r["family"] == family], label)
                 for label in PLANNERS
             }
-            for family in FAMILIES
+            for family in args.families
         },
         "gap_cases": cases,
         "monotonicity": mono,
     }
     print_tables(result)
     RESULTS.mkdir(exist_ok=True)
-    suffix = "" if args.first_seed == 1000 else f".seeds-{args.first_seed}"
+    suffix = "" if args.first_seed == 1000 and not args.gaps_only else f".seeds-{args.first_seed}"
     name = "planner_quality.quick.raw.json" if args.quick else f"planner_quality{suffix}.json"
     out = RESULTS / name
     out.write_text(json.dumps(result, indent=2) + "\n")
