@@ -48,11 +48,13 @@ class Evaluator:
             problem.topology, problem.profile, problem.arrivals_s, seed=problem.seed
         )
         self.stage_cache = StageCache(problem.topology)
-        # each resample draws its conditional visits afresh too
+        # each resample draws its conditional visits afresh too; their stage caches share
+        # one bound, as large as the planning trace's
+        share = self.stage_cache.max_bytes // max(1, problem.resamples)
         self._resampled = [
             (
                 Workload.build(problem.topology, problem.profile, trace, seed=problem.seed + k),
-                StageCache(problem.topology),
+                StageCache(problem.topology, max_bytes=share),
             )
             for k, trace in enumerate(
                 resample_arrivals(problem.arrivals_s, problem.resamples, seed=problem.seed), 1
