@@ -1,7 +1,8 @@
 """Planner quality and speed (InferLine §4.3, §6).
 
 1. Planner time on 10-stage pipelines with 4 hardware classes (``sloline.lab.problems``,
-   60 s at 100 rps; target: under 10 s), for the default search and InferLine's greedy.
+   60 s at 100 rps; target: under 10 s), for the default search and InferLine's greedy,
+   and the default search checking the trace's resamples as a pipeline spec's plan does.
 2. Each planner vs the optimum (``sloline.lab.optimum``'s branch and bound) on seeded
    random pipelines of 2-4 stages, 100 per family (``--seeds``), from two independent
    families: ``synthetic`` (2-3 classes, Clockwork GPU profiles; ``sloline.lab.synthetic``)
@@ -13,9 +14,11 @@
 3. Cost monotonicity in the SLO: independent runs vs ``plan_sweep``.
 
     python benchmarks/planner_quality.py [--quick] [--seeds N] [--first-seed S]
+        [--families cloud synthetic] [--gaps-only]
 
-Prints markdown tables and writes benchmarks/results/planner_quality.json (``--quick``:
-a few small cases, written to planner_quality.quick.raw.json, which git ignores).
+Prints markdown tables and writes benchmarks/results/planner_quality.json (other first
+seeds: planner_quality.seeds-S.json; ``--quick``: a few small cases, written to
+planner_quality.quick.raw.json, which git ignores).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from sloline.lab.problems import cloud_problem
 from sloline.lab.synthetic import random_problem
 from sloline.planner.evaluator import Evaluator
 from sloline.planner.planner import InfeasibleError, Search, Variant, plan, plan_sweep
-from sloline.planner.problem import PlanningProblem
+from sloline.planner.problem import DEFAULT_RESAMPLES, PlanningProblem
 
 RESULTS = Path(__file__).parent / "results"
 SLO_FACTORS = (0.8, 0.9, 1.0, 1.15, 1.3, 1.6, 2.0)
@@ -49,6 +52,7 @@ PLANNERS: dict[str, tuple[Search, Variant]] = {
     "greedy (InferLine Alg. 1+2)": ("greedy", "sloline"),
     "paper-literal Alg. 2": ("greedy", "inferline"),
 }
+RESAMPLED = f"multi-start, {DEFAULT_RESAMPLES} resamples (a spec's default)"
 FAMILIES: dict[str, Callable[..., PlanningProblem]] = {
     "synthetic": random_problem,
     "cloud": cloud_problem,
@@ -80,6 +84,9 @@ def ten_stage(seed: int, n_stages: int) -> dict[str, Any]:
         if variant == "sloline":
             cost, seconds, simulations = timed_plan(problem, search, variant)
             row[label] = {"cost": cost, "seconds": seconds, "simulations": simulations}
+    robust = dataclasses.replace(problem, resamples=DEFAULT_RESAMPLES)
+    cost, seconds, simulations = timed_plan(robust, "multi-start")
+    row[RESAMPLED] = {"cost": cost, "seconds": seconds, "simulations": simulations}
     return row
 
 
@@ -162,7 +169,7 @@ def print_tables(result: dict[str, Any]) -> None:
     print("| seed | queries | planner | plan time | simulations | $/hour |")
     print("|---:|---:|---|---:|---:|---:|")
     for r in rows:
-        for label in PLANNERS:
+        for label in [*PLANNERS, RESAMPLED]:
             if label in r:
                 p = r[label]
                 cost = f"{p['cost']:.2f}" if p["cost"] is not None else "infeasible"
@@ -219,18 +226,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few small cases only")
     parser.add_argument("--seeds", type=int, default=100, help="problems per family")
     parser.add_argument("--first-seed", type=int, default=1000, help="held-out seeds from here")
+    parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES))
+    parser.add_argument(
+        "--gaps-only", action="store_true", help="only the planners vs the optimum (2.)"
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     first = args.first_seed
-    if args.quick:
-        big = [ten_stage(first, 4)]
-        seeds = range(first, first + 3)
-        mono = [monotonicity_case(seed) for seed in range(first, first + 2)]
-    else:
-        big = [ten_stage(seed, 10) for seed in range(first, first + 5)]
-        seeds = range(first, first + args.seeds)
-        mono = [monotonicity_case(seed) for seed in range(first, first + 20)]
-    cases = [gap_case(family, seed, args.quick) for family in FAMILIES for seed in seeds]
+    seeds = range(first, first + (3 if args.quick else args.seeds))
+    big_seeds = range(first, first + (1 if args.quick else 5))
+    mono_seeds = range(first, first + (2 if args.quick else 20))
+    if args.gaps_only:
+        big_seeds = mono_seeds = range(0)
+    big = [ten_stage(seed, 4 if args.quick else 10) for seed in big_seeds]
+    mono = [monotonicity_case(seed) for seed in mono_seeds]
+    cases = [gap_case(family, seed, args.quick) for family in args.families for seed in seeds]
     result: dict[str, Any] = {
         "meta": {
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
@@ -244,14 +254,16 @@ def main() -> None:
                 label: gap_summary([r for r in cases if r["family"] == family], label)
                 for label in PLANNERS
             }
-            for family in FAMILIES
+            for family in args.families
         },
         "gap_cases": cases,
         "monotonicity": mono,
     }
     print_tables(result)
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / ("planner_quality.quick.raw.json" if args.quick else "planner_quality.json")
+    suffix = "" if args.first_seed == 1000 and not args.gaps_only else f".seeds-{args.first_seed}"
+    name = "planner_quality.quick.raw.json" if args.quick else f"planner_quality{suffix}.json"
+    out = RESULTS / name
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {out} ({result['meta']['seconds']:.0f} s)")
 

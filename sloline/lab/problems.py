@@ -80,8 +80,11 @@ def cloud_problem(
     duration_s: float = 20.0,
     rate_rps: float | None = None,
     max_replicas: int = 32,
+    trace_seed: int | None = None,
 ) -> PlanningProblem:
-    """A reproducible problem: 2-4 stages and 2-4 hardware classes unless given."""
+    """A reproducible problem: 2-4 stages and 2-4 hardware classes unless given.
+    ``trace_seed`` (default ``seed``) draws the planning trace alone: other values give
+    fresh traces of the same arrival process for the same pipeline."""
     rng = np.random.default_rng([seed, 24])
     n = int(n_stages if n_stages is not None else rng.integers(2, 5))
     k = int(n_hardware if n_hardware is not None else rng.integers(2, 5))
@@ -106,7 +109,9 @@ def cloud_problem(
         profile=profile,
         hardware_costs={hw: PRICES[hw] for hw in hardware},
         slo_s=floor * float(rng.uniform(1.3, 5.0)) + float(rng.uniform(0.0, 0.04)),
-        arrivals_s=gamma_arrivals(rate, duration_s, cv2=cv2, seed=seed),
+        arrivals_s=gamma_arrivals(
+            rate, duration_s, cv2=cv2, seed=seed if trace_seed is None else trace_seed
+        ),
         max_replicas=max_replicas,
         name=f"cloud-{seed}",
     )

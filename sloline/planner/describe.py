@@ -26,7 +26,8 @@ HEADROOM_STEP = 1.01  # and to what precision
 
 def headroom(problem: PlanningProblem, config: Config) -> float:
     """x*: how many times faster the planning trace can be played (every arrival time
-    divided by x) while ``config`` still meets the SLO in the estimator, to within
+    divided by x) while ``config`` still meets the SLO in the estimator (on its resamples
+    too, where the problem has them), to within
     ``HEADROOM_STEP``, at most ``HEADROOM_MAX``; 1 if it does not meet it at 1.
 
     The planner stops where one more action breaks the SLO, so a stage's rho_m says at
@@ -103,7 +104,7 @@ def describe(problem: PlanningProblem, evaluator: Evaluator, config: Config) -> 
         cost_per_hour=verdict.cost_per_hour,
         p50_s=verdict.p50_s,
         p99_s=verdict.p99_s,
-        tail_s=verdict.tail_s,
+        tail_s=result.percentiles_s((problem.percentile,))[0],
         attainment=verdict.attainment,
         rate_rps=rate,
         envelope=Envelope.of_trace(problem.arrivals_s, windows),
@@ -112,4 +113,6 @@ def describe(problem: PlanningProblem, evaluator: Evaluator, config: Config) -> 
         router_cost_per_hour=round(problem.routers * problem.router_cost_per_hour, 9),
         router_throughput_rps=router_mu,
         router_utilisation=result.router_utilisation,
+        resamples=problem.resamples,
+        resampled_tail_s=verdict.tail_s if problem.resamples else 0.0,
     )

@@ -107,6 +107,12 @@ class Plan:
     (0: no router CPU profiled)."""
     router_utilisation: float = 0.0
     """Estimated busy fraction of each router on the planning trace (0: not simulated)."""
+    resamples: int = 0
+    """How many resamples of the planning trace the plan was also checked on
+    (``PlanningProblem.resamples``; 0: the planning trace alone)."""
+    resampled_tail_s: float = 0.0
+    """The highest latency at the SLO percentile over the planning trace and those
+    resamples (<= slo_s; 0 without resamples)."""
 
     def __post_init__(self) -> None:
         if self.routers < 1:
@@ -151,6 +157,8 @@ class Plan:
             "routerCostPerHour": self.router_cost_per_hour,
             "routerThroughputRps": self.router_throughput_rps,
             "routerUtilisation": self.router_utilisation,
+            "resamples": self.resamples,
+            "resampledTailSeconds": self.resampled_tail_s,
         }
 
     @classmethod
@@ -176,6 +184,8 @@ class Plan:
             router_cost_per_hour=float(data.get("routerCostPerHour", 0.0)),
             router_throughput_rps=float(data.get("routerThroughputRps", 0.0)),
             router_utilisation=float(data.get("routerUtilisation", 0.0)),
+            resamples=int(data.get("resamples", 0)),
+            resampled_tail_s=float(data.get("resampledTailSeconds", 0.0)),
         )
 
     def to_table(self) -> str:
@@ -228,4 +238,9 @@ class Plan:
             f"{self.attainment:.2%} of queries within the SLO; holds it up to "
             f"{self.headroom:.2f}x the planned rate"
         )
+        if self.resamples:
+            lines.append(
+                f"on {self.resamples} resamples of the planning trace too: {p} at most "
+                f"{self.resampled_tail_s * 1e3:.1f} ms"
+            )
         return "\n".join(lines)

@@ -14,10 +14,11 @@ space meets the SLO, a valid one is returned (Algorithm 1 reaches the no-queuein
 configuration); (2) no single action lowers the cost without violating the SLO.
 
 :func:`multi_start` (the default search) adds a way out of Algorithm 2's traps: a second
-descent that first keeps every stage on its hardware, and moves that take a replica off
-(or change the class of) the dearest stages at any batch size while the others grow; a
-downgrade to a cheap, slow class or a free batch increase that spends the latency budget
-is then weighed against the plans it blocks. ``search="greedy"`` is InferLine's single
+descent that first keeps every stage on its hardware, moves that take a replica off (or
+change the class of) the dearest stages at any batch size while the others grow, and
+moves that take a replica off one stage while another gets faster; a downgrade to a
+cheap, slow class or a free batch increase that spends the latency budget is then
+weighed against the plans it blocks. ``search="greedy"`` is InferLine's single
 descent.
 
 :func:`plan` runs Algorithm 1 and the search and packages the result as a :class:`Plan`
@@ -250,6 +251,32 @@ def _grow_until_feasible(
         config = _with(config, m, _grow(problem, m, config[m]))
         if problem.cost_per_hour(config) >= below_cost:
             return None
+    return config
+
+
+def _grow_tail(
+    problem: PlanningProblem,
+    evaluator: Evaluator,
+    config: Config,
+    below_cost: float,
+    frozen: frozenset[int] = frozenset(),
+) -> Config | None:
+    """Like :func:`_grow_until_feasible`, but each step adds the replica that lowers the
+    estimated tail the most (ties: the cheaper) rather than the throughput bottleneck's:
+    where a stage's queue, not the pipeline's throughput, holds the tail over the SLO."""
+    while not evaluator.feasible(config):
+        grown = [
+            _with(config, m, replace(c, replicas=c.replicas + 1))
+            for m, (name, c) in enumerate(zip(problem.topology.stages, config, strict=True))
+            if m not in frozen and c.replicas < _replica_cap(problem, name, c.hardware)
+        ]
+        affordable = [g for g in grown if problem.cost_per_hour(g) < below_cost - _EPS]
+        if not affordable:
+            return None
+        best = min(affordable, key=lambda g: _ranked(evaluator, g)[::-1])
+        if evaluator.evaluate(best).tail_s >= evaluator.evaluate(config).tail_s:
+            return None  # no replica helps
+        config = best
     return config
 
 
@@ -497,28 +524,34 @@ def _escape(
     one replica fewer on its class, or at its fewest replicas on any class (an upgrade
     too) whose price is lower, at *every* batch size (not only the best one alone); the
     other stages grow as in Algorithm 1 while the total stays cheaper, then Algorithm 2
-    descends. The first cheaper result replaces ``config`` and the moves start over, the
-    dearest stages first. E.g. a GPU stage at batch 16 with one replica fewer, where the
-    CPU stage before it needs two more replicas to keep its output steady."""
+    descends; where none is cheaper, the :func:`_paired_moves` (grown by the tail where
+    the bottleneck does not help, :func:`_grow_tail`). The first cheaper result replaces
+    ``config`` and the moves start over, the dearest stages first. E.g. a GPU stage at
+    batch 16 with one replica fewer, where the CPU stage before it needs two more
+    replicas to keep its output steady."""
     stages = problem.topology.stages
-    improved = True
-    while improved:
-        improved = False
+    while True:
         cost = problem.cost_per_hour(config)
         order = sorted(range(len(stages)), key=lambda m: -_stage_cost(problem, config, m))
-        for m in order:
-            for new in _moves(problem, config, m):
-                frozen = frozenset({m}) if new[m].hardware == config[m].hardware else frozenset()
-                grown = _grow_until_feasible(problem, evaluator, new, cost, frozen)
-                if grown is None:
-                    continue
-                found = minimize_cost(problem, evaluator, grown, variant)
-                if problem.cost_per_hour(found) < cost - _EPS:
-                    config, improved = found, True
-                    break
-            if improved:
+        moves = (
+            (m, new)
+            for kind in (_moves, _paired_moves)
+            for m in order
+            for new in kind(problem, config, m)
+        )
+        for m, new in moves:
+            frozen = frozenset({m}) if new[m].hardware == config[m].hardware else frozenset()
+            grown = _grow_until_feasible(problem, evaluator, new, cost, frozen)
+            if grown is None:
+                grown = _grow_tail(problem, evaluator, new, cost, frozen)
+            if grown is None:
+                continue
+            found = minimize_cost(problem, evaluator, grown, variant)
+            if problem.cost_per_hour(found) < cost - _EPS:
+                config = found
                 break
-    return config
+        else:
+            return config
 
 
 def _stage_cost(problem: PlanningProblem, config: Config, m: int) -> float:
@@ -538,6 +571,43 @@ def _moves(problem: PlanningProblem, config: Config, m: int) -> list[Config]:
                 _with(config, m, StageConfig(hw, batch, replicas))
                 for batch in problem.batch_options(name, hw)
             ]
+    return moves
+
+
+def _paired_moves(problem: PlanningProblem, config: Config, m: int) -> list[Config]:
+    """Stage m one replica fewer while another stage j gets faster at its replica count:
+    on a class with a lower batch-1 latency (at the largest batch up to its own), or on
+    its class at a smaller batch. This undoes a downgrade or a batch increase that spent
+    the latency budget a saving on m needs (a CPU stage back on two cores so that a GPU
+    stage can drop a replica); only moves that start cheaper than ``config``."""
+    name = problem.topology.stages[m]
+    current = config[m]
+    if current.replicas - 1 < problem.replica_bounds(name)[0]:
+        return []
+    fewer = _with(config, m, replace(current, replicas=current.replicas - 1))
+    saving = problem.hardware_costs[current.hardware]
+    moves = []
+    for j, other in enumerate(problem.topology.stages):
+        if j == m:
+            continue
+        c = config[j]
+        latency = problem.single_latency_s(other, c.hardware)
+        faster = [
+            StageConfig(hw, b, c.replicas)
+            for hw in problem.usable_hardware(other)
+            if problem.single_latency_s(other, hw) < latency
+            for b in problem.batch_options(other, hw)
+            if b <= c.max_batch
+        ]
+        smaller = [
+            replace(c, max_batch=b)
+            for b in problem.batch_options(other, c.hardware)
+            if b < c.max_batch
+        ]
+        for option in faster + smaller:
+            price = problem.hardware_costs[option.hardware] - problem.hardware_costs[c.hardware]
+            if c.replicas * price < saving - _EPS:
+                moves.append(_with(fewer, j, option))
     return moves
 
 

@@ -31,6 +31,7 @@ __all__ = ["PlanningProblem", "StageOverride", "router_price"]
 
 DEFAULT_MAX_REPLICAS = 256
 DEFAULT_MAX_ROUTERS = 64
+DEFAULT_RESAMPLES = 8  # a pipeline spec's plan: the planning trace and 8 resamples
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,11 @@ class PlanningProblem:
     searches stage configurations at this count and picks the count itself: see
     :func:`sloline.planner.planner.plan`); ``router_cost_per_hour``: one router's price;
     ``max_routers``: the most routers the planner tries.
+
+    ``resamples``: how many resamples of the planning trace
+    (:func:`sloline.planner.workload.resample_arrivals`) a configuration must meet the SLO
+    on as well, so that the plan holds on other samples of the same arrival process, not
+    only on this one (0: the planning trace alone, InferLine's criterion).
     """
 
     topology: Topology
@@ -84,6 +90,7 @@ class PlanningProblem:
     routers: int = 1
     router_cost_per_hour: float = 0.0
     max_routers: int = DEFAULT_MAX_ROUTERS
+    resamples: int = 0
 
     def __reduce__(self) -> tuple[type[PlanningProblem], tuple[object, ...]]:
         """Picklable (the re-planner plans in another process): plain dicts for the
@@ -105,6 +112,7 @@ class PlanningProblem:
                 self.routers,
                 self.router_cost_per_hour,
                 self.max_routers,
+                self.resamples,
             ),
         )
 
@@ -121,6 +129,8 @@ class PlanningProblem:
             )
         if self.max_replicas < 1:
             raise ValueError(f"max_replicas must be >= 1, got {self.max_replicas}")
+        if self.resamples < 0:
+            raise ValueError(f"resamples must be >= 0, got {self.resamples}")
         if not 1 <= self.routers <= self.max_routers:
             raise ValueError(
                 f"routers must be in [1, max_routers={self.max_routers}], got {self.routers}"
@@ -178,11 +188,13 @@ class PlanningProblem:
         service: ServiceMode = "p50",
         seed: int = 0,
         max_replicas: int = DEFAULT_MAX_REPLICAS,
+        resamples: int = DEFAULT_RESAMPLES,
     ) -> PlanningProblem:
         """The problem a pipeline spec poses: its SLO, allowed hardware (``spec.hardware``,
         empty = whole catalog) priced by the catalog, and the stages' pins. A router is
         priced as one core of the catalog's cheapest CPU class per core
-        (:func:`router_price`)."""
+        (:func:`router_price`). A plan must meet the SLO on ``resamples`` resamples of
+        the planning trace as well."""
         spec = graph.pipeline.spec
         allowed = spec.hardware or catalog.names()
         overrides = {
@@ -204,6 +216,7 @@ class PlanningProblem:
             max_replicas=max_replicas,
             name=graph.name,
             router_cost_per_hour=router_price(catalog),
+            resamples=resamples,
         )
 
     def override(self, name: str) -> StageOverride:

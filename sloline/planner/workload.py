@@ -1,6 +1,7 @@
-"""The planning trace a pipeline's ``spec.workload`` describes, and the format of a trace
+"""The planning trace a pipeline's ``spec.workload`` describes, the format of a trace
 file (``traceUri``, ``sloline simulate --trace FILE``): text, one arrival time in seconds
-per line; blank lines and ``#`` comments are ignored."""
+per line; blank lines and ``#`` comments are ignored, and resamples of a planning trace
+(:func:`resample_arrivals`) that the planner checks a plan on beside the trace itself."""
 
 from __future__ import annotations
 
@@ -44,3 +45,25 @@ def parse_arrival_times(text: str) -> npt.NDArray[np.float64]:
     if times.ndim != 1:
         raise ValueError(f"expected one arrival time per line, found {times.shape[1]} columns")
     return times
+
+
+def resample_arrivals(
+    arrivals_s: npt.NDArray[np.float64], count: int, *, seed: int = 0
+) -> list[npt.NDArray[np.float64]]:
+    """``count`` traces drawn from the arrival process behind ``arrivals_s``: each keeps
+    the first arrival and the number of arrivals, its inter-arrival gaps drawn with
+    replacement from the trace's (a bootstrap). A resample varies as a fresh sample of a
+    renewal process (gamma, Poisson) does, so a plan that meets its SLO on the planning
+    trace by a hair often misses it on its resamples; it keeps the distribution of the
+    gaps, not their order (a burst of short gaps, a slow ramp). Same arguments, same
+    traces."""
+    gaps = np.diff(arrivals_s)
+    traces = []
+    for k in range(count):
+        drawn = np.random.default_rng([seed, 0x5E5A, k]).choice(gaps, size=gaps.size)
+        trace = np.empty(arrivals_s.size)
+        trace[0] = arrivals_s[0]
+        np.cumsum(drawn, out=trace[1:])
+        trace[1:] += arrivals_s[0]
+        traces.append(trace)
+    return traces

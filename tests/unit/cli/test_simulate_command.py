@@ -17,6 +17,7 @@ from sloline.lab import simulate as lab_simulate
 from sloline.lab.simulate import simulate
 from sloline.lab.synthetic import random_problem
 from sloline.lab.traces import Trace
+from sloline.planner.overhead import ServingOverhead
 from sloline.planner.plan import Plan
 from sloline.planner.planner import plan
 from sloline.planner.problem import PlanningProblem
@@ -124,3 +125,23 @@ def test_simulate_json_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:
     report = json.loads(capsys.readouterr().out)
     (row,) = report["results"]
     assert row["trace"] == "spike" and row["policy"] == "plan" and 0 <= row["attainment"] <= 1
+
+
+def test_simulate_says_that_it_leaves_out_the_measured_serving_overhead(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    problem = random_problem(5, duration_s=20.0, rate_rps=40.0)
+    problem = dataclasses.replace(problem, slo_s=problem.slo_s * 1.5)
+    started = plan(problem)
+    router = ServingOverhead(0.001, 0.0002, 0.0001, 0.0001, (0.0004,), (0.0003,))
+    measured = dataclasses.replace(
+        problem, profile=dataclasses.replace(problem.profile, overhead=router)
+    )
+    plugins(monkeypatch, SIMULATE)
+    monkeypatch.setattr(lab_cli, "load_pipeline", lambda file: file)
+    for chosen, noted in ((problem, False), (measured, True)):
+        session = SimpleNamespace(problem=chosen, plan=started)
+        monkeypatch.setattr(lab_cli, "plan_session", lambda *_, s=session: s)
+        argv = ["simulate", "p.yaml", "--trace", "spike", "--scale", "0.1", "--policies", "plan"]
+        assert main(argv) == 0
+        assert (lab_cli.UNSIMULATED_OVERHEAD in capsys.readouterr().err) is noted

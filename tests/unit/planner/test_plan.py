@@ -14,7 +14,7 @@ from sloline.common.trace import gamma_arrivals
 from sloline.lab.synthetic import random_problem
 from sloline.planner.plan import Plan
 from sloline.planner.planner import plan
-from sloline.planner.problem import PlanningProblem, StageOverride
+from sloline.planner.problem import DEFAULT_RESAMPLES, PlanningProblem, StageOverride
 from sloline.planner.profile import PipelineProfile, StageProfile
 from sloline.spec import DEFAULT_CATALOG, parse_pipeline
 from tests.unit.planner.specs import CASCADE
@@ -76,10 +76,12 @@ def test_problem_from_a_pipeline_spec_and_catalog() -> None:
     assert problem.override("slow") == StageOverride(replicas=2)
     assert problem.replica_bounds("fast") == (1, problem.max_replicas)
     assert problem.name == "cascade"
+    assert problem.resamples == DEFAULT_RESAMPLES  # a spec's plan holds on resamples too
     planned = plan(problem)
     assert planned.stage("slow").replicas == 2
     assert planned.stage("slow").scale_factor == 0.3
-    assert planned.tail_s <= 0.12
+    assert planned.tail_s <= planned.resampled_tail_s <= 0.12
+    assert planned.resamples == DEFAULT_RESAMPLES
 
 
 def test_problem_validation_names_the_fix() -> None:

@@ -407,3 +407,19 @@ def test_multi_start_takes_a_gpu_replica_off_where_the_stage_before_must_grow() 
     assert ours.cost_per_hour == pytest.approx(optimum.cost_per_hour)
     assert ours.config[1].replicas == 1
     assert meets_slo(problem, ours.config)
+
+
+def test_multi_start_moves_a_cpu_stage_back_to_two_cores_to_free_a_gpu_replica() -> None:
+    # Two CPU stages feed two slow-GPU stages. The descents leave the CPU stages on the
+    # one-core class, whose longer service spends the latency budget; the second GPU
+    # replica of s2 then cannot go, though with s0 back on two cores it can: a move on
+    # two stages at once (one replica fewer on s2, s0 faster), then the descent.
+    problem = cloud_problem(1054)
+    ours = plan(problem)
+    greedy = plan(problem, search="greedy")
+    optimum = optimal_config(problem, incumbent=ours.config, budget=100_000)
+    assert optimum.proven
+    assert greedy.cost_per_hour > 1.25 * optimum.cost_per_hour
+    assert ours.cost_per_hour <= 1.10 * optimum.cost_per_hour
+    assert sum(c.replicas for c in ours.config if c.hardware == "gpu-slow") == 2
+    assert meets_slo(problem, ours.config)
