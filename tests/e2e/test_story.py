@@ -8,9 +8,10 @@ raises a stage's replicas -> more workers join -> P99 recovers -> the load drops
 down after stabilisation -> (with several routers) each router pod deleted and replaced
 under load -> `kubectl delete` -> every object and process is gone.
 
-By default it runs on the local stand-in cluster (the API emulator and the process
-kubelet, tests/support/kube); with `$KUBECONFIG` set, unchanged on that cluster
-(`tests/support/cluster.py`). Each step's duration goes to the test report
+It runs unchanged on each cluster of `CLUSTERS` (`tests/support/cluster.py`): the local
+stand-in (the API emulator and the process kubelet, tests/support/kube) or, with
+`$KUBECONFIG` set, that cluster; and the local real control plane, namespaces enforcing
+Pod Security `restricted`. Each step's duration goes to the test report
 (`record_property`) and a printed table.
 
 `test_a_broken_rendering_fails_with_a_pointer` proves the harness really runs the

@@ -11,6 +11,8 @@ scheduler, and the node agent), then what a user does with kubectl and helm.
 - pods reach the apiserver with the in-cluster config and their own ServiceAccount's
   token (TokenRequest), so RBAC holds: the `default` account is refused, a bound one is
   not;
+- the story's Prometheus (tests/support/cluster.py) scrapes what ServiceMonitors select
+  among the EndpointSlices' targets;
 - deleting the Deployment stops its processes (graceful deletion finished by the node);
 - `helm install` of the chart: the operator runs with its own ServiceAccount; the example
   pipelines are accepted in a restricted namespace and reconciled, and `kubectl get

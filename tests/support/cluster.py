@@ -52,6 +52,7 @@ from tests.support.prometheus import (
     endpointslice_targets,
     service_monitor_jobs,
     tool,
+    write_targets,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -333,7 +334,7 @@ class ServiceMonitorScrapes:
     def __init__(self, client: ClusterClient, prometheus: Prometheus, workdir: Path) -> None:
         self.client, self.prometheus = client, prometheus
         self.targets_file = workdir / "endpointslices.json"
-        self.targets_file.write_text("[]")
+        write_targets(self.targets_file, [])
         self.problem = ""
         self._changed, self._stop = threading.Event(), threading.Event()
         self._changed.set()
@@ -343,22 +344,16 @@ class ServiceMonitorScrapes:
         self._thread.start()
 
     def _run(self) -> None:
-        applied: list[dict[str, Any]] = []
         while not self._stop.is_set():
             if not self._changed.wait(0.5):
                 continue
             self._changed.clear()
             try:
                 monitors, slices, services, pods = (self.client.list(r) for r in self.WATCHED)
-                text = json.dumps(endpointslice_targets(slices, services, pods), indent=1)
-                if self.targets_file.read_text() != text:
-                    temporary = self.targets_file.with_suffix(".tmp")
-                    temporary.write_text(text)
-                    temporary.replace(self.targets_file)
+                write_targets(self.targets_file, endpointslice_targets(slices, services, pods))
                 jobs = service_monitor_jobs(monitors, str(self.targets_file))
-                if jobs != applied:
+                if jobs != self.prometheus.scrape_configs:
                     self.prometheus.reload(jobs)
-                    applied = jobs
                 self.problem = ""
                 self._stop.wait(0.5)  # changes come in bursts: one pass for each
             except (ApiError, OSError, RuntimeError, ValueError) as exc:

@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -79,6 +80,7 @@ class Prometheus:
             )  # fmt: skip
 
     def _write_config(self, scrape_configs: Sequence[dict[str, Any]]) -> None:
+        self.scrape_configs = list(scrape_configs)  # besides the static targets
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [*self._static, *scrape_configs],
@@ -152,6 +154,19 @@ class Prometheus:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def write_targets(path: Path, groups: Sequence[dict[str, Any]]) -> bool:
+    """Replace a file_sd targets file atomically (Prometheus watches it); False where it
+    holds `groups` already."""
+    text = json.dumps(list(groups), indent=1)
+    if path.exists() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{threading.get_ident()}")
+    temporary.write_text(text)
+    temporary.replace(path)
+    return True
 
 
 def _label_name(name: str) -> str:
