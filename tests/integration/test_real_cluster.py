@@ -30,7 +30,6 @@ import datetime
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import time
@@ -47,7 +46,6 @@ from tests.support import control_plane
 from tests.support.cluster import CATALOG, ServiceMonitorScrapes
 from tests.support.kube.client import ClusterClient
 from tests.support.kube.kubectl import kubectl_binary
-from tests.support.kube.kubelet import unsupported_reason
 from tests.support.kube.monitoring import SERVICE_MONITOR_CRD
 from tests.support.prometheus import Prometheus
 from tests.support.serve import build_example
@@ -59,16 +57,10 @@ EXAMPLE = ROOT / "manifests" / "examples" / "digits-cascade.yaml"
 T = TypeVar("T")
 
 
-def _missing() -> str | None:
-    if (reason := control_plane.missing()) is not None:
-        return reason
-    if shutil.which("ip") is None:
-        return "the node agent routes its pod network with `ip` (iproute2)"
-    return unsupported_reason()
-
-
 pytestmark = [
-    pytest.mark.skipif(_missing() is not None, reason=str(_missing())),
+    pytest.mark.skipif(
+        control_plane.node_missing() is not None, reason=str(control_plane.node_missing())
+    ),
     pytest.mark.slow,
     pytest.mark.timeout(600),
 ]
