@@ -84,7 +84,7 @@ def s3() -> Iterator[tuple[str, Any]]:
 def story(tmp_path: Path, record_property: Callable[[str, object], None]) -> Iterator[Story]:
     build_models()
     timeline = Timeline(record_property)
-    with open_cluster(tmp_path / "cluster", free_port()) as cluster:
+    with open_cluster("emulated", tmp_path / "cluster", free_port()) as cluster:
         timeline.mark("start the cluster")
         try:
             yield Story(cluster, tmp_path, timeline)

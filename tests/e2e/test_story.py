@@ -8,9 +8,10 @@ raises a stage's replicas -> more workers join -> P99 recovers -> the load drops
 down after stabilisation -> (with several routers) each router pod deleted and replaced
 under load -> `kubectl delete` -> every object and process is gone.
 
-By default it runs on the local stand-in cluster (the API emulator and the process
-kubelet, tests/support/kube); with `$KUBECONFIG` set, unchanged on that cluster
-(`tests/support/cluster.py`). Each step's duration goes to the test report
+It runs unchanged on each cluster of `CLUSTERS` (`tests/support/cluster.py`): the local
+stand-in (the API emulator and the process kubelet, tests/support/kube) or, with
+`$KUBECONFIG` set, that cluster; and the local real control plane, namespaces enforcing
+Pod Security `restricted`. Each step's duration goes to the test report
 (`record_property`) and a printed table.
 
 `test_a_broken_rendering_fails_with_a_pointer` proves the harness really runs the
@@ -40,7 +41,15 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import yaml
 
-from tests.support.cluster import CATALOG, HELM, ROOT, Cluster, EmulatedCluster, open_cluster
+from tests.support.cluster import (
+    CATALOG,
+    CLUSTERS,
+    HELM,
+    ROOT,
+    Cluster,
+    EmulatedCluster,
+    open_cluster,
+)
 from tests.support.load import OpenLoopLoad, Sent, windows
 from tests.support.net import free_port
 
@@ -195,7 +204,9 @@ class Story:
 
         crds = template("sloline-crds")
         rest = template("sloline", "-f", str(self.workdir / "values.yaml"))
-        namespaces = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
+        labels = self.cluster.namespace_labels
+        namespaces = [{"apiVersion": "v1", "kind": "Namespace",
+                       "metadata": {"name": n, "labels": labels}}
                       for n in (SYSTEM, NS)]  # fmt: skip
         for name, docs in (("namespaces", namespaces), ("crds", crds), ("operator", rest)):
             path = self.workdir / f"{name}.yaml"
@@ -476,20 +487,36 @@ def build_models() -> None:
 
 
 @pytest.fixture
-def story(tmp_path: Path, record_property: Callable[[str, object], None]) -> Iterator[Story]:
+def story(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    record_property: Callable[[str, object], None],
+) -> Iterator[Story]:
+    """The story's steps on a cluster of `CLUSTERS` (the test's parameter; the first by
+    default)."""
     build_models()
     timeline = Timeline(record_property)
-    with open_cluster(tmp_path / "cluster", free_port()) as cluster:
+    kind = getattr(request, "param", CLUSTERS[0])
+    with open_cluster(kind, tmp_path / "cluster", free_port()) as cluster:
         timeline.mark("start the cluster")
         story = Story(cluster, tmp_path, timeline)
         try:
             yield story
         finally:
             print(f"\non the {cluster.name} cluster:\n{timeline.table()}")
-            if not isinstance(cluster, EmulatedCluster):  # a real one outlives the test
+            if cluster.shared:  # it outlives the test
                 story.uninstall()
 
 
+# The control plane starts in the test (10-20 s) and serves slower than the emulator.
+@pytest.mark.parametrize(
+    "story",
+    [
+        pytest.param(c, marks=[pytest.mark.timeout(600)] if c == "control-plane" else [])
+        for c in CLUSTERS
+    ],
+    indirect=True,
+)
 def test_story(story: Story) -> None:
     story.install()
     story.deploy_pipeline()

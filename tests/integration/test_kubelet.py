@@ -6,11 +6,13 @@ Prometheus. These tests pin the behaviour the e2e story relies on."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import json
 import os
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -693,6 +695,55 @@ def test_service_monitors_are_scraped_by_prometheus(
     assert labels["pod"] == labels["from_pod"] == pod["metadata"]["name"]
     assert (labels["namespace"], labels["service"], labels["job"]) == (NS, "web", "web")
     assert labels["endpoint"] == "http" and labels["container"] == "web"
+
+
+def test_a_stopping_kubelet_leaves_the_mount_points_another_ones_containers_use(
+    kube: KubeEmulator, node: ProcessKubelet, tmp_path: Path
+) -> None:
+    """Kubelets side by side (two tests' clusters): one that stops removes the mount
+    points it created on the host only where no container mounts anything any more;
+    removing one would detach the volume from the other kubelet's running container."""
+    mount = Path(f"/run/sloline-kubelet-test-{uuid.uuid4().hex[:8]}/data")
+    sleeper = {
+        "name": "main",
+        "image": "python:3.11",
+        "command": [
+            "python",
+            "-c",
+            "import signal, time; signal.signal(15, exit); time.sleep(600)",
+        ],
+        "volumeMounts": [{"name": "scratch", "mountPath": str(mount)}],
+    }
+    deployment = server("sleeper")
+    template = deployment["spec"]["template"]["spec"]
+    template["containers"], template["volumes"] = [sleeper], [{"name": "scratch", "emptyDir": {}}]
+    try:
+        with (
+            KubeEmulator(tmp_path / "kube2") as first_kube,
+            ProcessKubelet(first_kube, tmp_path / "first") as first,
+        ):
+            first_kube.create(copy.deepcopy(deployment))
+            wait(first_kube, first, "deployments", "sleeper", ready_replicas(1))
+            kube.create(copy.deepcopy(deployment))
+            wait(kube, node, "deployments", "sleeper", ready_replicas(1))
+            (launcher,) = node.pod_processes(NS)
+            inside = Path(f"/proc/{launcher}/root{mount}")  # the container's view
+
+            def mounted() -> bool:  # the emptyDir over the host's folder
+                with contextlib.suppress(OSError):
+                    return inside.stat().st_ino != mount.stat().st_ino
+                return False
+
+            deadline = time.monotonic() + 10
+            while not mounted():
+                assert time.monotonic() < deadline, node.explain()
+                time.sleep(0.05)
+        assert mount.is_dir()  # the first kubelet created it, and left it
+        assert mounted()
+    finally:
+        for path in (mount, mount.parent):
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
 
 def test_pods_of_a_deployment_that_is_gone_are_collected(

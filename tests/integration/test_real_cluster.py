@@ -11,6 +11,8 @@ scheduler, and the node agent), then what a user does with kubectl and helm.
 - pods reach the apiserver with the in-cluster config and their own ServiceAccount's
   token (TokenRequest), so RBAC holds: the `default` account is refused, a bound one is
   not;
+- the story's Prometheus (tests/support/cluster.py) scrapes what ServiceMonitors select
+  among the EndpointSlices' targets;
 - deleting the Deployment stops its processes (graceful deletion finished by the node);
 - `helm install` of the chart: the operator runs with its own ServiceAccount; the example
   pipelines are accepted in a restricted namespace and reconciled, and `kubectl get
@@ -28,7 +30,6 @@ import datetime
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import time
@@ -42,9 +43,11 @@ import pytest
 import yaml
 
 from tests.support import control_plane
-from tests.support.cluster import CATALOG
+from tests.support.cluster import CATALOG, ServiceMonitorScrapes
+from tests.support.kube.client import ClusterClient
 from tests.support.kube.kubectl import kubectl_binary
-from tests.support.kube.kubelet import unsupported_reason
+from tests.support.kube.monitoring import SERVICE_MONITOR_CRD
+from tests.support.prometheus import Prometheus
 from tests.support.serve import build_example
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,16 +57,10 @@ EXAMPLE = ROOT / "manifests" / "examples" / "digits-cascade.yaml"
 T = TypeVar("T")
 
 
-def _missing() -> str | None:
-    if (reason := control_plane.missing()) is not None:
-        return reason
-    if shutil.which("ip") is None:
-        return "the node agent routes its pod network with `ip` (iproute2)"
-    return unsupported_reason()
-
-
 pytestmark = [
-    pytest.mark.skipif(_missing() is not None, reason=str(_missing())),
+    pytest.mark.skipif(
+        control_plane.node_missing() is not None, reason=str(control_plane.node_missing())
+    ),
     pytest.mark.slow,
     pytest.mark.timeout(600),
 ]
@@ -212,7 +209,7 @@ def web_objects() -> list[dict[str, Any]]:
         {
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": {"name": "web", "namespace": NS},
+            "metadata": {"name": "web", "namespace": NS, "labels": {"app": "web"}},
             "spec": {
                 "selector": {"app": "web"},
                 "ports": [{"name": "http", "port": 80, "targetPort": "http"}],
@@ -360,6 +357,62 @@ def test_pods_reach_the_apiserver_as_their_own_service_account(web: Cluster) -> 
     pod = web.get("pod", "-n", NS, "as-reader")
     sources = next(v for v in pod["spec"]["volumes"] if "projected" in v)["projected"]["sources"]
     assert any("serviceAccountToken" in s for s in sources)  # the apiserver's, not ours
+
+
+def test_prometheus_scrapes_what_service_monitors_select(web: Cluster, tmp_path: Path) -> None:
+    """The story's Prometheus on this control plane (tests/support/cluster.py): the
+    ServiceMonitors' jobs over the EndpointSlices' targets, from the apiserver, loaded
+    into a running Prometheus; the selector, the namespace and the port pick the targets."""
+    web.kubectl("apply", "-f", "-", stdin=json.dumps(SERVICE_MONITOR_CRD))
+    web.kubectl("wait", "--for=condition=Established", "crd/servicemonitors.monitoring.coreos.com")
+    endpoint = {"path": "/", "interval": "1s"}
+    monitors = [
+        {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "ServiceMonitor",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"selector": {"matchLabels": labels}, "endpoints": [{**endpoint, **port}]},
+        }
+        for name, labels, port in (
+            ("web", {"app": "web"}, {"port": "http"}),
+            ("by-target-port", {"app": "web"}, {"targetPort": 8080}),
+            ("other-port", {"app": "web"}, {"port": "metrics"}),  # no such port
+            ("other-service", {"app": "nope"}, {"port": "http"}),  # no such Service
+        )
+    ]
+    # Another namespace's ServiceMonitor selects this namespace's Service only with a
+    # namespaceSelector naming it.
+    elsewhere = {**monitors[0], "metadata": {"name": "elsewhere", "namespace": "default"}}
+    web.kubectl("apply", "-f", "-", stdin=[*monitors, elsewhere])
+    pods = {p["metadata"]["name"]: p for p in web.get("pods", "-n", NS, "-l", "app=web")["items"]}
+    client = ClusterClient(web.kubeconfig)
+    with Prometheus(tmp_path, (), free_port()) as prometheus:
+        scrapes = ServiceMonitorScrapes(client, prometheus, tmp_path)
+        try:
+
+            def discovered() -> list[dict[str, Any]] | None:
+                found = prometheus.targets()
+                return found if len(found) >= 2 * len(pods) else None
+
+            targets = wait_for(
+                "Prometheus has the targets", discovered, 30, lambda: scrapes.problem
+            )
+        finally:
+            scrapes.stop()
+            client.close()
+    seen = sorted((t["scrapePool"], t["labels"]["pod"], t["scrapeUrl"]) for t in targets)
+    assert seen == sorted(
+        (f"serviceMonitor/{NS}/{monitor}/0", name, f"http://{pod['status']['podIP']}:8080/")
+        for monitor in ("web", "by-target-port")
+        for name, pod in pods.items()
+    )
+    for target in targets:
+        labels = target["labels"]
+        assert (labels["job"], labels["namespace"], labels["service"]) == ("web", NS, "web")
+        assert labels["container"] == "web"
+        assert labels["endpoint"] in ("http", "8080")
+    web.kubectl("delete", "servicemonitors", "-n", NS, "--all")
+    web.kubectl("delete", "servicemonitor", "-n", "default", "elsewhere")
 
 
 def test_deleting_the_deployment_stops_its_processes(web: Cluster) -> None:

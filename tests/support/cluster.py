@@ -1,7 +1,8 @@
-"""The cluster an end-to-end test runs on (docs/e2e.md): the local stand-in by default, a
-real cluster when `$KUBECONFIG` is set. Both give the test the same few verbs — real
-kubectl, the chart values that fit the cluster, an address of a Service port reachable
-from the test process, diagnostics — so the story test runs unchanged on either.
+"""The clusters an end-to-end test runs on (docs/e2e.md): the local stand-in or a real
+cluster when `$KUBECONFIG` is set, and the local real control plane. All give the test the
+same few verbs — real kubectl, the chart values that fit the cluster, an address of a
+Service port reachable from the test process, diagnostics — so the story test runs
+unchanged on each (`open_cluster(kind, ...)`, `CLUSTERS`).
 
 - `EmulatedCluster`: the Kubernetes API emulator (tests/support/kube), the process kubelet
   running every pod as local processes, the ServiceMonitor CRD and a real Prometheus
@@ -9,6 +10,16 @@ from the test process, diagnostics — so the story test runs unchanged on eithe
   kubelet's proxy serves. The models are this repository's `examples/` (hostPath).
 - `RealCluster`: kubectl with the ambient `$KUBECONFIG`; Service ports through
   `kubectl port-forward`; images, Prometheus and models from `SLOLINE_E2E_*` variables.
+- `ControlPlaneCluster`: the real control plane of `scripts/cluster.py` (etcd,
+  kube-apiserver, controller-manager, scheduler) with the process kubelet as its node
+  agent, started for the test; the ServiceMonitor CRD, and a real Prometheus scraping
+  what ServiceMonitors select among the EndpointSlices' targets, all watched through the
+  apiserver (`ServiceMonitorScrapes`: its config rewritten as they change, as the
+  Prometheus Operator does). Both namespaces
+  enforce Pod Security `restricted`, so the models are files of the "image" (this
+  checkout's `examples/`, no volume). Service addresses are the cluster IPs the node's
+  proxy serves; objects are read straight from the apiserver (no kubectl process per
+  poll).
 """
 
 from __future__ import annotations
@@ -19,18 +30,29 @@ import json
 import os
 import re
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import pytest
 
+from tests.support import control_plane
 from tests.support.kube import KubeEmulator
+from tests.support.kube.client import ClusterClient
+from tests.support.kube.kinds import ApiError
 from tests.support.kube.kubectl import kubectl_binary
 from tests.support.kube.kubelet import ProcessKubelet, unsupported_reason
 from tests.support.kube.monitoring import SERVICE_MONITOR_CRD
-from tests.support.prometheus import Prometheus
+from tests.support.net import free_port
+from tests.support.prometheus import (
+    Prometheus,
+    endpointslice_targets,
+    service_monitor_jobs,
+    tool,
+    write_targets,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM = ROOT / ".tools" / "bin" / "helm"
@@ -48,9 +70,17 @@ CATALOG = {
 }
 
 
+# The clusters the story runs on: the stand-in (or, with $KUBECONFIG, that cluster) and
+# the local real control plane.
+CLUSTERS = ("kubeconfig" if os.environ.get("KUBECONFIG") else "emulated", "control-plane")
+
+
 class Cluster(Protocol):
     name: str
     leaves_processes: bool  # whether `leftover_processes` can tell
+    shared: bool  # it outlives the test: what the test made must be removed
+    # Labels of the namespaces the test creates (Pod Security where it is enforced).
+    namespace_labels: dict[str, str]
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True
@@ -96,6 +126,9 @@ def image(reference: str) -> dict[str, str]:
 class EmulatedCluster:
     name = "emulated"
     leaves_processes = True
+    shared = False
+    # The emulator has no Pod Security admission (and the models come from a hostPath).
+    namespace_labels: ClassVar[dict[str, str]] = {}
 
     def __init__(self, workdir: Path, prometheus_port: int) -> None:
         self.workdir = workdir
@@ -175,8 +208,11 @@ class RealCluster:
 
     name = "real"
     leaves_processes = False
+    shared = True
+    namespace_labels: ClassVar[dict[str, str]] = {}
 
     def __init__(self) -> None:
+        self._kubeconfig: list[str] = []  # kubectl's --kubeconfig, where not the ambient one
         self._forwards: dict[tuple[str, str, str], tuple[subprocess.Popen[str], str]] = {}
         prometheus = os.environ.get("SLOLINE_E2E_PROMETHEUS_URL", "")
         if not prometheus:
@@ -199,7 +235,7 @@ class RealCluster:
         self, *args: str, input: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
-            [kubectl_binary(), *args],
+            [kubectl_binary(), *self._kubeconfig, *args],
             input=input,
             capture_output=True,
             text=True,
@@ -283,11 +319,171 @@ class RealCluster:
         return None  # the in-cluster Prometheus is not reachable from here
 
 
+class ServiceMonitorScrapes:
+    """What the Prometheus Operator and Prometheus' Kubernetes discovery do for one
+    Prometheus (Debian's is built without that discovery): watches ServiceMonitors,
+    EndpointSlices, Services and Pods in every namespace through the apiserver and, when
+    they change, writes the EndpointSlices' targets with their discovery labels
+    (`endpointslice_targets`, a file Prometheus watches) and reloads Prometheus with the
+    ServiceMonitors' jobs (`service_monitor_jobs`) where those changed. `problem` holds the
+    last failure to do so, for diagnostics."""
+
+    WATCHED = ("servicemonitors", "endpointslices", "services", "pods")
+
+    def __init__(self, client: ClusterClient, prometheus: Prometheus, workdir: Path) -> None:
+        self.client, self.prometheus = client, prometheus
+        self.targets_file = workdir / "endpointslices.json"
+        write_targets(self.targets_file, [])
+        self.problem = ""
+        self._changed, self._stop = threading.Event(), threading.Event()
+        self._changed.set()
+        for resource in self.WATCHED:
+            client.watch(resource, self._changed.set, self._stop)
+        self._thread = threading.Thread(target=self._run, name="service-monitors", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._changed.wait(0.5):
+                continue
+            self._changed.clear()
+            try:
+                monitors, slices, services, pods = (self.client.list(r) for r in self.WATCHED)
+                write_targets(self.targets_file, endpointslice_targets(slices, services, pods))
+                jobs = service_monitor_jobs(monitors, str(self.targets_file))
+                if jobs != self.prometheus.scrape_configs:
+                    self.prometheus.reload(jobs)
+                self.problem = ""
+                self._stop.wait(0.5)  # changes come in bursts: one pass for each
+            except (ApiError, OSError, RuntimeError, ValueError) as exc:
+                self.problem = f"ServiceMonitors -> Prometheus: {exc}"
+                self._changed.set()
+                self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+class ControlPlaneCluster(RealCluster):
+    """The local real control plane (`scripts/cluster.py up`, its own temp dir) with the
+    process kubelet as its node, for one test; see the module's docstring."""
+
+    name = "control-plane"
+    leaves_processes = True
+    shared = False
+    namespace_labels: ClassVar[dict[str, str]] = {
+        "pod-security.kubernetes.io/enforce": "restricted"
+    }
+
+    def __init__(self, workdir: Path, prometheus_port: int) -> None:  # not RealCluster's
+        self.workdir = workdir
+        self._prometheus_port = prometheus_port
+        self._kubeconfig = []
+        self._forwards = {}
+        self._stack = contextlib.ExitStack()
+        self.client: ClusterClient
+        self.prometheus: Prometheus
+        self.node_dir: Path
+
+    def __enter__(self) -> ControlPlaneCluster:
+        if (reason := control_plane.node_missing()) is not None:
+            pytest.skip(f"no local control plane: {reason}")
+        tool("prometheus")  # skips, saying how to get it
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        started = control_plane.running(self.workdir, node=True)
+        kubeconfig = next(started)
+        self._stack.callback(started.close)
+        self._kubeconfig = ["--kubeconfig", kubeconfig]
+        state = json.loads((self.workdir / "cp.json").read_text())
+        self.node_dir = Path(state["dir"]) / "node"
+        self.client = ClusterClient(kubeconfig)
+        self._stack.callback(self.client.close)
+        # The Prometheus Operator's API, so the operator renders ServiceMonitors.
+        self.kubectl("apply", "-f", "-", input=json.dumps(SERVICE_MONITOR_CRD))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                     f"crd/{SERVICE_MONITOR_CRD['metadata']['name']}")  # fmt: skip
+        self.prometheus = Prometheus(self.workdir / "prometheus", (), self._prometheus_port)
+        self._stack.callback(self.prometheus.stop)
+        self.prometheus.wait_ready()
+        self.monitors = ServiceMonitorScrapes(
+            self.client, self.prometheus, self.workdir / "prometheus"
+        )
+        self._stack.callback(self.monitors.stop)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.__exit__(*exc)
+
+    def values(self) -> dict[str, Any]:
+        examples = str(ROOT / "examples")
+        # The operator's servers bind 0.0.0.0 where pods share the host's ports: free
+        # ones, so that no other cluster on this machine holds them.
+        ports = {"metrics": free_port(), "health": free_port()}
+        return {
+            "image": {
+                "operator": image("sloline-operator:e2e"),
+                "runtime": image("sloline-runtime:e2e"),
+            },
+            "operator": {"ports": ports},
+            "admission": {"webhook": {"port": free_port()}},
+            "settings": {
+                "prometheusUrl": self.prometheus.url,
+                # In the "image" (the local environment stands for it): `restricted`
+                # admits no hostPath volume.
+                "models": {"root": examples, "volume": {}},
+            },
+        }
+
+    def address(self, namespace: str, service: str, port: str) -> str:
+        """The Service's cluster IP and port (the node's kube-proxy listens there)."""
+        spec = self.client.get("services", namespace, service)["spec"]
+        number = next(p["port"] for p in spec["ports"] if p.get("name") == port)
+        return f"{spec['clusterIP']}:{number}"
+
+    def services(self, namespace: str) -> str:
+        targets = [
+            f"  {t['labels'].get('job')} {t['scrapeUrl']}: {t['health']} {t.get('lastError', '')}"
+            for t in self.prometheus.targets()
+        ]
+        return "\n".join(
+            [super().services(namespace), "Prometheus targets:", *targets, self.monitors.problem]
+        )
+
+    def objects(self, resource: str, namespace: str, selector: str = "") -> list[dict[str, Any]]:
+        return self.client.list(resource, namespace, labels=selector or None)
+
+    def leftover_processes(self, namespace: str | None = None) -> list[int]:
+        """One process per running container of the node's pods (in `namespace`): its
+        launcher, whose command line names the container's folder under the node's."""
+        prefix = f"{self.node_dir / 'pods'}/{namespace + '_' if namespace else ''}"
+        containers: dict[str, int] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            for arg in argv:
+                if arg.startswith(prefix) and "/containers/" in arg:
+                    folder = arg.rsplit("/", maxsplit=1)[0]
+                    containers[folder] = min(containers.get(folder, 1 << 30), int(entry.name))
+        return sorted(containers.values())
+
+    def query(self, promql: str) -> list[dict[str, Any]] | None:
+        return self.prometheus.query(promql)
+
+
 @contextlib.contextmanager
-def open_cluster(workdir: Path, prometheus_port: int) -> Iterator[Cluster]:
-    """A real cluster when `$KUBECONFIG` is set, else the local stand-in."""
+def open_cluster(kind: str, workdir: Path, prometheus_port: int) -> Iterator[Cluster]:
+    """The cluster `kind` of `CLUSTERS`: `kubeconfig` (the one `$KUBECONFIG` points at),
+    `emulated` (the local stand-in) or `control-plane` (the local real one)."""
     cluster: Cluster
-    if os.environ.get("KUBECONFIG"):
+    if kind == "control-plane":
+        with ControlPlaneCluster(workdir, prometheus_port) as cluster:
+            yield cluster
+    elif kind == "kubeconfig":
         with RealCluster() as cluster:
             yield cluster
     else:

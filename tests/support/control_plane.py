@@ -35,6 +35,18 @@ def missing() -> str | None:
     return None
 
 
+def node_missing() -> str | None:
+    """Why the control plane cannot start here with its node (the process kubelet as the
+    node agent), or None."""
+    from tests.support.kube.kubelet import unsupported_reason  # only its users pay the import
+
+    if (reason := missing()) is not None:
+        return reason
+    if shutil.which("ip") is None:
+        return "the node agent routes its pod network with `ip` (iproute2)"
+    return unsupported_reason()
+
+
 needs_control_plane = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 
 

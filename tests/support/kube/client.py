@@ -28,7 +28,8 @@ import yaml
 from tests.support.kube.kinds import ApiError
 from tests.support.kube.podspec import Obj
 
-# resource -> (API group path, namespaced); only what the node agent uses.
+# resource -> (API group path, namespaced): what the node agent and the end-to-end tests
+# (tests/support/cluster.py) use.
 RESOURCES = {
     "pods": ("api/v1", True),
     "services": ("api/v1", True),
@@ -39,6 +40,11 @@ RESOURCES = {
     "nodes": ("api/v1", False),
     "leases": ("apis/coordination.k8s.io/v1", True),
     "endpointslices": ("apis/discovery.k8s.io/v1", True),
+    "events": ("api/v1", True),
+    "deployments": ("apis/apps/v1", True),
+    "jobs": ("apis/batch/v1", True),
+    "servicemonitors": ("apis/monitoring.coreos.com/v1", True),
+    "predictionpipelines": ("apis/sloline.dev/v1alpha1", True),
 }
 PATCH_TYPES = {
     "merge": "application/merge-patch+json",
@@ -149,10 +155,17 @@ class ClusterClient:
             return None
 
     def list(
-        self, resource: str, namespace: str | None = None, *, fields: str | None = None
+        self,
+        resource: str,
+        namespace: str | None = None,
+        *,
+        fields: str | None = None,
+        labels: str | None = None,
     ) -> list[Obj]:
-        query = {"fieldSelector": fields} if fields else None
-        answer = self.request("GET", self.path(resource, namespace), query=query)
+        query = {"fieldSelector": fields} if fields else {}
+        if labels:
+            query["labelSelector"] = labels
+        answer = self.request("GET", self.path(resource, namespace), query=query or None)
         kind = answer.get("kind", "List").removesuffix("List")
         version = answer.get("apiVersion", "v1")
         return [{"apiVersion": version, "kind": kind, **item} for item in answer["items"]]

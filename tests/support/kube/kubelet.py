@@ -35,7 +35,7 @@ line (level-triggered, like the real controllers):
   SIGKILL) before its object goes (see `controllers.FINALIZER`);
 - `network.py`: pod IPs, Service cluster IPs (written to `spec.clusterIP`), hosts files
   (per pod, bind-mounted at /etc/hosts, rewritten in place) and the kube-proxy process;
-- `monitoring.py`: ServiceMonitors -> the targets file of `start_prometheus()`.
+- `monitoring.py`: ServiceMonitors -> the scrape jobs and targets of `start_prometheus()`.
 
 Logs: `<workdir>/logs/<ns>_<pod>_<container>.log` per container (stdout and stderr) and
 `<workdir>/logs/kubelet.log` (what the kubelet did); `explain()` summarises pods for
@@ -60,7 +60,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -70,7 +70,7 @@ import aiohttp.web
 from tests.support.kube.client import ClusterClient
 from tests.support.kube.controllers import FINALIZER, Controllers
 from tests.support.kube.kinds import ApiError
-from tests.support.kube.monitoring import file_sd_jobs, service_monitor_targets, write_targets
+from tests.support.kube.monitoring import endpoint_slices
 from tests.support.kube.network import (
     AddressPool,
     ProxyProcess,
@@ -81,7 +81,12 @@ from tests.support.kube.network import (
 )
 from tests.support.kube.podspec import Obj
 from tests.support.kube.runtime import LAUNCH_NAMESPACES, Node, PodRuntime, tool, utc_now
-from tests.support.prometheus import Prometheus
+from tests.support.prometheus import (
+    Prometheus,
+    endpointslice_targets,
+    service_monitor_jobs,
+    write_targets,
+)
 
 NODE_NAME = "local"
 LEASE_RENEW_S = 10.0  # the real kubelet's: a quarter of the lease's 40 s
@@ -162,6 +167,25 @@ class LocalRoute:
             self.added = False
 
 
+def mount_points() -> set[str]:
+    """Every mount point of every mount namespace on this machine (`/proc/*/mountinfo`,
+    one process per namespace)."""
+    found: set[str] = set()
+    seen: set[str] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            namespace = os.readlink(entry / "ns" / "mnt")
+            if namespace in seen:
+                continue
+            seen.add(namespace)
+            for line in (entry / "mountinfo").read_text().splitlines():
+                fields = line.split(" ")
+                found.add(fields[4].replace("\\040", " "))
+    return found
+
+
 class ProcessKubelet:
     """The node (see the module docstring); a context manager, inside the emulator's.
 
@@ -221,7 +245,9 @@ class ProcessKubelet:
         self._launched: list[PodRuntime] = []
         self._services: list[Obj] = []
         self._records: list[tuple[str, str, str]] = []  # what the hosts files say
-        self._prometheus: list[Prometheus] = []
+        self._prometheus: list[Prometheus] = []  # started and ready
+        self._prometheus_lock = threading.Lock()
+        self._monitor_jobs: list[Obj] = []  # the ServiceMonitors' scrape jobs
         self._thread = threading.Thread(target=self._run, name="process-kubelet", daemon=True)
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -355,8 +381,15 @@ class ProcessKubelet:
         services = self._assign_cluster_ips(self.api.list("services"))
         self._sync_pods(pods)
         self._sync_network(services, proxy_table(services, pods), dns_records(services, pods))
-        monitors = self._list_if_served("servicemonitors")
-        write_targets(self.targets_file, service_monitor_targets(monitors, services, pods))
+        slices = endpoint_slices(services, pods)
+        write_targets(self.targets_file, endpointslice_targets(slices, services, pods))
+        jobs = service_monitor_jobs(self._list_if_served("servicemonitors"), str(self.targets_file))
+        with self._prometheus_lock:
+            self._monitor_jobs = jobs
+            for prometheus in self._prometheus:
+                running = prometheus.process.poll() is None  # the caller may stop it
+                if running and prometheus.scrape_configs != jobs:
+                    prometheus.reload(jobs)
 
     @property
     def _own_pods(self) -> str:
@@ -743,13 +776,18 @@ class ProcessKubelet:
 
     def _remove_created_mount_points(self) -> None:
         """Remove the mount points the launchers had to create on the host (deepest first,
-        only if they are still the same, empty file or folder)."""
+        only if they are still the same, empty file or folder, and no container mounts
+        anything there: another kubelet's containers may use the same paths, and removing
+        a mount point on the host detaches it from every container's mount namespace)."""
         record = self._node.created_record if hasattr(self, "_node") else None
         if record is None or not record.exists():
             return
         entries = [json.loads(line) for line in record.read_text().splitlines() if line]
+        in_use = mount_points()
         for entry in sorted(entries, key=lambda e: -len(Path(e["path"]).parts)):
             path = Path(entry["path"])
+            if any(p == entry["path"] or p.startswith(f"{entry['path']}/") for p in in_use):
+                continue
             with contextlib.suppress(OSError):
                 info = path.lstat()
                 if (info.st_dev, info.st_ino) != (entry["dev"], entry["ino"]):
@@ -856,17 +894,19 @@ class ProcessKubelet:
             lines.append(f"{where} {ip}: {', '.join(ports) or 'no ports'}")
         return "\n".join(lines)
 
-    def start_prometheus(
-        self, *, port: int, extra_scrape_configs: Sequence[Obj] = ()
-    ) -> Prometheus:
-        """A real Prometheus scraping what the ServiceMonitors select (started and ready;
-        stopped with the kubelet, or by the caller)."""
-        prometheus = Prometheus(
-            self.workdir / "prometheus",
-            (),
-            port,
-            scrape_configs=[*file_sd_jobs(self.targets_file), *extra_scrape_configs],
-        )
-        self._prometheus.append(prometheus)
-        prometheus.wait_ready()
+    def start_prometheus(self, *, port: int) -> Prometheus:
+        """A real Prometheus scraping what the ServiceMonitors select, reloaded as they
+        change (started and ready; stopped with the kubelet, or by the caller)."""
+        with self._prometheus_lock:
+            jobs = self._monitor_jobs
+        prometheus = Prometheus(self.workdir / "prometheus", (), port, scrape_configs=jobs)
+        try:
+            prometheus.wait_ready()
+            with self._prometheus_lock:  # the jobs may have changed meanwhile
+                if prometheus.scrape_configs != self._monitor_jobs:
+                    prometheus.reload(self._monitor_jobs)
+                self._prometheus.append(prometheus)
+        except BaseException:
+            prometheus.stop()
+            raise
         return prometheus
