@@ -43,6 +43,7 @@ from sloline.serving.http import (
 from sloline.serving.limits import (
     GrpcLimits,
     HttpLimits,
+    LimitedHttpProtocol,
     fd_budget,
     grpc_server_options,
     limited_http_protocol,
@@ -173,7 +174,8 @@ class RouterServer:
         self.metrics_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
         self._workers: grpc.aio.Server | None = None
-        self._http: list[_UvicornServer] = []
+        self._http: list[_UvicornServer] = []  # the client door first, then metrics
+        self._grpc_stopping: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []  # the uvicorn servers
         self._expiry: asyncio.Task[None] | None = None
 
@@ -301,10 +303,32 @@ class RouterServer:
             await asyncio.sleep(0.005)
         return int(sock.getsockname()[1])
 
+    def close_doors(self, grace_s: float) -> None:
+        """Begin draining the client doors: take no new connection, answer every request
+        that still comes on an open one and then close it (REST: `Connection: close`;
+        gRPC: GOAWAY, so clients open their next stream elsewhere), and give in-flight
+        gRPC calls `grace_s`. The worker and metrics ports stay open until `stop`."""
+        if self._http:
+            door = self._http[0]
+            for listener in door.servers:
+                listener.close()
+            for connection in list(door.server_state.connections):
+                if isinstance(connection, LimitedHttpProtocol):
+                    connection.drain()
+        if self._grpc is not None and self._grpc_stopping is None:
+            self._grpc_stopping = asyncio.create_task(self._grpc.stop(grace_s))
+
+    def doors_closed(self) -> bool:
+        """Every client connection of the doors is gone (after `close_doors`)."""
+        open_http = bool(self._http) and bool(self._http[0].server_state.connections)
+        return not open_http and (self._grpc_stopping is None or self._grpc_stopping.done())
+
     async def stop(self, grace_s: float = 2.0) -> None:
         for server in self._http:
             server.should_exit = True
-        if self._grpc is not None:
+        if self._grpc_stopping is not None:
+            await self._grpc_stopping
+        elif self._grpc is not None:
             await self._grpc.stop(grace_s)
         if self._workers is not None:
             await self._workers.stop(grace_s)

@@ -25,12 +25,14 @@ process kubelet cannot run (root, util-linux, iproute2).
 from __future__ import annotations
 
 import datetime
+import http.client
 import json
 import os
 import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import pytest
 import yaml
 
@@ -45,6 +48,7 @@ from tests.support import control_plane
 from tests.support.cluster import CATALOG
 from tests.support.kube.kubectl import kubectl_binary
 from tests.support.kube.kubelet import unsupported_reason
+from tests.support.load import OpenLoopLoad
 from tests.support.serve import build_example
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -585,3 +589,150 @@ def test_the_operator_serves_a_pipeline_and_deleting_it_removes_everything(
     wait_for(
         "the pipeline's objects gone (garbage collection)", lambda: not left(), 240, still_there
     )
+
+
+# -- routers: a rolling restart under load ----------------------------------------------------
+
+ROLLING_NS = "rolling"
+ROUTERS = "sloline.dev/pipeline=digits-cascade,app.kubernetes.io/component=router"
+PIXELS = json.dumps(
+    {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [3.0] * 64}]}
+).encode()
+
+
+@dataclass
+class HttpLoad:
+    """Keep-alive HTTP clients that never retry: each thread holds one connection to the
+    Service (reopened only when the server answered `Connection: close` or closed it) and
+    sends a request every `period_s`; every answer but a valid 200 is a failure."""
+
+    address: tuple[str, int]
+    connections: int = 8
+    period_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        self.ok = 0
+        self.closes = 0  # answers that carried `Connection: close`
+        self.failures: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, daemon=True) for _ in range(self.connections)
+        ]
+
+    def _one(self, connection: http.client.HTTPConnection) -> str | None:
+        """One request; the failure, if any."""
+        try:
+            connection.request(
+                "POST",
+                "/v2/models/digits-cascade/infer",
+                PIXELS,
+                {"Content-Type": "application/json"},
+            )
+            response = connection.getresponse()
+            body = response.read()
+            if response.getheader("connection", "").lower() == "close":
+                with self._lock:
+                    self.closes += 1
+        except (OSError, http.client.HTTPException) as exc:
+            connection.close()
+            return repr(exc)
+        if response.status != 200:
+            return f"{response.status} {body[:200]!r}"
+        outputs = {o["name"]: o for o in json.loads(body)["outputs"]}
+        return None if 0 <= int(outputs["label"]["data"][0]) <= 9 else body.decode()
+
+    def _run(self) -> None:
+        connection = http.client.HTTPConnection(*self.address, timeout=30)
+        next_s = time.monotonic()
+        while not self._stop.is_set():
+            failure = self._one(connection)
+            with self._lock:
+                if failure is None:
+                    self.ok += 1
+                else:
+                    self.failures.append(failure)
+            next_s += self.period_s
+            self._stop.wait(max(0.0, next_s - time.monotonic()))
+        connection.close()
+
+    def __enter__(self) -> HttpLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+
+def test_a_rolling_restart_of_three_routers_under_load_fails_no_request(chart: Cluster) -> None:
+    """digits-cascade with 3 routers; keep-alive HTTP clients and an open-loop gRPC client,
+    neither retrying, send steady load through the router Service while `kubectl rollout
+    restart` replaces every router: no request fails."""
+    ns = ROLLING_NS
+    chart.kubectl("create", "namespace", ns)
+    chart.kubectl("apply", "-n", ns, "-f", str(EXAMPLE))
+
+    def why() -> str:
+        return chart.kubectl("get", "slp,deploy,pods,endpointslices", "-n", ns, check=False).stdout
+
+    def ready() -> bool:
+        item = chart.get("predictionpipeline", "-n", ns, "digits-cascade")
+        return (item.get("status") or {}).get("phase") == "Ready"
+
+    wait_for("digits-cascade Ready", ready, 420, lambda: why() + operator_log(chart))
+    # Three routers: `spec.replicas` of the router Deployment is the tuner's between plans
+    # (none runs here: no Prometheus), as `kubectl scale` sets it.
+    chart.kubectl("scale", "deployment", "-n", ns, "digits-cascade-router", "--replicas", "3")
+
+    def three_ready_routers() -> list[str] | None:
+        pods = chart.get("pods", "-n", ns, "-l", ROUTERS)["items"]
+        ready = [
+            p["metadata"]["uid"]
+            for p in pods
+            if not p["metadata"].get("deletionTimestamp")
+            and any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in (p.get("status") or {}).get("conditions") or []
+            )
+        ]
+        return ready if len(ready) == len(pods) == 3 else None
+
+    old = set(wait_for("three routers ready", three_ready_routers, 120, why))
+    service = chart.get("service", "-n", ns, "digits-cascade-router")["spec"]["clusterIP"]
+    infer(service)
+    rows = np.full((4, 64), 3.0, dtype=np.float32)
+    with (
+        HttpLoad((service, 8000)) as http_load,
+        OpenLoopLoad(f"{service}:8001", "digits-cascade", "pixels", rows, max_retries=0) as grpc,
+    ):
+        grpc.rate_rps = 20
+        time.sleep(3)
+        before = (http_load.ok, len(grpc.sent))
+        chart.kubectl("rollout", "restart", "deployment", "-n", ns, "digits-cascade-router")
+        chart.kubectl(
+            "rollout", "status", "deployment", "-n", ns, "digits-cascade-router",
+            "--timeout", "180s",
+        )  # fmt: skip
+
+        def old_ones_gone() -> bool:
+            pods = chart.get("pods", "-n", ns, "-l", ROUTERS)["items"]
+            return not old & {p["metadata"]["uid"] for p in pods}
+
+        wait_for("the old routers gone", old_ones_gone, 60, why)
+        new = set(wait_for("three new routers ready", three_ready_routers, 60, why))
+        time.sleep(2)
+    sent = grpc.sent
+    grpc_failed = [s.error for s in sent if s.latency_s is None]
+    print(
+        f"rolling restart of 3 routers: HTTP {http_load.ok} ok / {len(http_load.failures)} "
+        f"failed ({http_load.closes} answers with Connection: close), gRPC "
+        f"{len(sent) - len(grpc_failed)} ok / {len(grpc_failed)} failed"
+    )
+    assert not new & old and len(new) == 3  # every router replaced
+    assert not http_load.failures, http_load.failures[:10]
+    assert not grpc_failed, grpc_failed[:10]
+    assert http_load.ok > before[0] and len(sent) > before[1]  # load ran across the rollout
+    chart.kubectl("delete", "namespace", ns, "--wait=false")
