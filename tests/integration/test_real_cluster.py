@@ -25,16 +25,15 @@ process kubelet cannot run (root, util-linux, iproute2).
 from __future__ import annotations
 
 import datetime
-import http.client
 import json
 import os
 import re
 import shutil
 import socket
 import subprocess
-import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +47,7 @@ from tests.support import control_plane
 from tests.support.cluster import CATALOG
 from tests.support.kube.kubectl import kubectl_binary
 from tests.support.kube.kubelet import unsupported_reason
-from tests.support.load import OpenLoopLoad
+from tests.support.load import KeepAliveLoad, OpenLoopLoad
 from tests.support.serve import build_example
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -595,76 +594,19 @@ def test_the_operator_serves_a_pipeline_and_deleting_it_removes_everything(
 
 ROLLING_NS = "rolling"
 ROUTERS = "sloline.dev/pipeline=digits-cascade,app.kubernetes.io/component=router"
+# The request's own deadline (`timeout_ms`, as the gRPC load sends too) is generous: this
+# test is about the restart, not about a 2-core machine keeping the 50 ms SLO.
 PIXELS = json.dumps(
-    {"inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [3.0] * 64}]}
+    {
+        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [3.0] * 64}],
+        "parameters": {"timeout_ms": 30_000},
+    }
 ).encode()
 
 
-@dataclass
-class HttpLoad:
-    """Keep-alive HTTP clients that never retry: each thread holds one connection to the
-    Service (reopened only when the server answered `Connection: close` or closed it) and
-    sends a request every `period_s`; every answer but a valid 200 is a failure."""
-
-    address: tuple[str, int]
-    connections: int = 8
-    period_s: float = 0.1
-
-    def __post_init__(self) -> None:
-        self.ok = 0
-        self.closes = 0  # answers that carried `Connection: close`
-        self.failures: list[str] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, daemon=True) for _ in range(self.connections)
-        ]
-
-    def _one(self, connection: http.client.HTTPConnection) -> str | None:
-        """One request; the failure, if any."""
-        try:
-            connection.request(
-                "POST",
-                "/v2/models/digits-cascade/infer",
-                PIXELS,
-                {"Content-Type": "application/json"},
-            )
-            response = connection.getresponse()
-            body = response.read()
-            if response.getheader("connection", "").lower() == "close":
-                with self._lock:
-                    self.closes += 1
-        except (OSError, http.client.HTTPException) as exc:
-            connection.close()
-            return repr(exc)
-        if response.status != 200:
-            return f"{response.status} {body[:200]!r}"
-        outputs = {o["name"]: o for o in json.loads(body)["outputs"]}
-        return None if 0 <= int(outputs["label"]["data"][0]) <= 9 else body.decode()
-
-    def _run(self) -> None:
-        connection = http.client.HTTPConnection(*self.address, timeout=30)
-        next_s = time.monotonic()
-        while not self._stop.is_set():
-            failure = self._one(connection)
-            with self._lock:
-                if failure is None:
-                    self.ok += 1
-                else:
-                    self.failures.append(failure)
-            next_s += self.period_s
-            self._stop.wait(max(0.0, next_s - time.monotonic()))
-        connection.close()
-
-    def __enter__(self) -> HttpLoad:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(60)
+def valid_digit(body: bytes) -> bool:
+    outputs = {o["name"]: o for o in json.loads(body)["outputs"]}
+    return 0 <= int(outputs["label"]["data"][0]) <= 9
 
 
 def test_a_rolling_restart_of_three_routers_under_load_fails_no_request(chart: Cluster) -> None:
@@ -705,10 +647,12 @@ def test_a_rolling_restart_of_three_routers_under_load_fails_no_request(chart: C
     infer(service)
     rows = np.full((4, 64), 3.0, dtype=np.float32)
     with (
-        HttpLoad((service, 8000)) as http_load,
+        KeepAliveLoad(
+            (service, 8000), "/v2/models/digits-cascade/infer", PIXELS, valid_digit
+        ) as http_load,
         OpenLoopLoad(f"{service}:8001", "digits-cascade", "pixels", rows, max_retries=0) as grpc,
     ):
-        grpc.rate_rps = 20
+        grpc.rate_rps = 10
         time.sleep(3)
         before = (http_load.ok, len(grpc.sent))
         chart.kubectl("rollout", "restart", "deployment", "-n", ns, "digits-cascade-router")
@@ -726,13 +670,15 @@ def test_a_rolling_restart_of_three_routers_under_load_fails_no_request(chart: C
         time.sleep(2)
     sent = grpc.sent
     grpc_failed = [s.error for s in sent if s.latency_s is None]
-    print(
+    report = (
         f"rolling restart of 3 routers: HTTP {http_load.ok} ok / {len(http_load.failures)} "
         f"failed ({http_load.closes} answers with Connection: close), gRPC "
         f"{len(sent) - len(grpc_failed)} ok / {len(grpc_failed)} failed"
     )
+    print(report)
+    kinds = Counter(f[:100] for f in [*http_load.failures, *grpc_failed])
+    failed = f"{report}\n{kinds.most_common(5)}\n{chart.node_log(f'{ns}_*router*')}"
     assert not new & old and len(new) == 3  # every router replaced
-    assert not http_load.failures, http_load.failures[:10]
-    assert not grpc_failed, grpc_failed[:10]
+    assert not http_load.failures and not grpc_failed, failed
     assert http_load.ok > before[0] and len(sent) > before[1]  # load ran across the rollout
     chart.kubectl("delete", "namespace", ns, "--wait=false")
