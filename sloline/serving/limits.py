@@ -273,10 +273,9 @@ def grpc_server_options(limits: GrpcLimits) -> list[tuple[str, Any]]:
         ("grpc.keepalive_timeout_ms", _ms(limits.keepalive_timeout_s)),
     ]
     if limits.max_age_s is not None:
-        options += [
-            ("grpc.max_connection_age_ms", _ms(limits.max_age_s)),
-            ("grpc.max_connection_age_grace_ms", _ms(limits.max_age_s / 10)),
-        ]
+        # No age grace (gRPC's default: unbounded): a connection past its age takes no new
+        # call and closes once its calls in flight are answered, however long they take.
+        options.append(("grpc.max_connection_age_ms", _ms(limits.max_age_s)))
     return options
 
 

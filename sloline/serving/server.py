@@ -56,6 +56,8 @@ from sloline.serving.workers import add_worker_service
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# gRPC core closes a connection at its max age give or take this fraction.
+GRPC_AGE_JITTER = 0.1
 
 
 class _UvicornServer(uvicorn.Server):
@@ -316,7 +318,22 @@ class RouterServer:
                 if isinstance(connection, LimitedHttpProtocol):
                     connection.drain()
         if self._grpc is not None and self._grpc_stopping is None:
-            self._grpc_stopping = asyncio.create_task(self._grpc.stop(grace_s))
+            self._grpc_stopping = asyncio.create_task(self._stop_grpc(self._grpc, grace_s))
+
+    async def _stop_grpc(self, server: grpc.aio.Server, grace_s: float) -> None:
+        """Stop the gRPC door within `grace_s`. A server stop sends its GOAWAY while calls
+        may be on their way, and those it cancels (gRPC core does not send the graceful
+        double GOAWAY on shutdown); a connection closed for its age does, serving every
+        call that crossed it. So with `grpc_max_age_s` the door first waits until every
+        connection has reached its age (with gRPC's 10 % jitter, and half a second for the
+        GOAWAY's round trip): clients have reconnected elsewhere by then and send nothing
+        more here, and the stop only lets the calls still in flight finish."""
+        age_s = self.settings.grpc_max_age_s
+        if age_s is not None:
+            recycled_s = min(grace_s, age_s * (1 + GRPC_AGE_JITTER) + 0.5)
+            await asyncio.sleep(recycled_s)
+            grace_s -= recycled_s
+        await server.stop(grace_s)
 
     def doors_closed(self) -> bool:
         """Every client connection of the doors is gone (after `close_doors`)."""

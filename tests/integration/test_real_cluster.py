@@ -410,6 +410,7 @@ def chart(cluster: Cluster) -> Cluster:
         # The operator's servers bind 0.0.0.0 where pods share the host's ports (docs/e2e.md,
         # "Not emulated"): free ones, so that no other cluster on this machine holds them.
         "operator": {"ports": {"metrics": free_port(), "health": free_port()}},
+        "admission": {"webhook": {"port": free_port()}},
         "settings": {
             "catalog": CATALOG,
             "profiling": {"cap": 4, "repeats": 3, "budgetS": 0.2, "pollS": 0.5},
