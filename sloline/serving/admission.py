@@ -27,8 +27,11 @@ Many routers share the workers (each worker holds one credit and takes its next 
 from the router whose queue head is oldest), so a router's queue is worked off only in
 the time the workers give it: the ``r - 1`` rounds ahead take ``s(B) / f`` each, ``f``
 the stage's *share*, the fraction of its connected workers serving this router (idle or
-busy here, not on standby for another router) while work waits here, a moving average
-sampled at each estimate that finds the stage's queue non-empty. With N routers loaded
+busy here, not on standby for another router) while this router has work at the stage
+(queued, or in a batch), a moving average sampled at each estimate that finds it so:
+arrivals see time averages, so it is the share of that time the workers are here. (Only
+when work is queued would undercount: a worker here often takes the whole queue in one
+batch, and then only its absences find work queued.) With N routers loaded
 alike ``f`` is about 1/N, so a router counts the work queued at the others without
 knowing it; without the share each would admit as if it had every worker, N times
 too much under overload. With one router no worker is ever on standby and ``f`` is 1.
@@ -171,7 +174,7 @@ class Admission:
                 ahead += held[a]
             busy = queue.busy_workers
             standby = queue.standby_workers
-            if queued:  # work waits here: the workers not ours serve other routers
+            if queued or busy:  # work here (waiting or in a batch): sample the share
                 n = self._shares[i] = self._shares[i] + 1
                 w = 1.0 / n if n < 1.0 / ALPHA else ALPHA
                 self.shares[i] += w * ((workers - standby) / workers - self.shares[i])
