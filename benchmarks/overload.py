@@ -21,9 +21,13 @@ p99 of every answer (client side), p99 of the 503s (how fast shedding is), the r
 shed counts by reason and the event loop lag from `/metrics`, and the CPU of the server
 tree and of the clients.
 
+`--routers N` serves with N routers (`sloline run --routers N`): they share the client
+port and the two workers, each admitting on its own; the shed counts and loop lag are
+summed over every router's `/metrics`.
+
 Usage: ``python benchmarks/overload.py [--duration 15] [--connections 1000]
-[--multipliers 1 2 5] [--out benchmarks/results/overload.json]``; ``--quick`` runs 4 s
-per point with 200 connections (a smoke test).
+[--multipliers 1 2 5] [--routers 1] [--out benchmarks/results/overload.json]``;
+``--quick`` runs 4 s per point with 200 connections (a smoke test).
 """
 
 from __future__ import annotations
@@ -181,7 +185,16 @@ def run_clients(spec: dict[str, Any], processes: int) -> list[dict[str, Any]]:
     return out
 
 
-def scrape(metrics_url: str) -> dict[str, float]:
+def scrape(metrics_urls: list[str]) -> dict[str, float]:
+    """The shed counts and loop-lag series, summed over the routers' `/metrics`."""
+    out: dict[str, float] = {}
+    for url in metrics_urls:
+        for key, value in _scrape(url).items():
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def _scrape(metrics_url: str) -> dict[str, float]:
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -242,7 +255,10 @@ def summarize(parts: list[dict[str, Any]], duration_s: float) -> dict[str, Any]:
     }
 
 
-def serve(admission: bool, run_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
+def serve(
+    admission: bool, run_dir: Path, routers: int
+) -> tuple[subprocess.Popen[bytes], int, list[str]]:
+    """`sloline run` of the pipeline; its process, HTTP port and every router's /metrics."""
     port, grpc_port = free_port(), free_port()
     argv = [
         sys.executable,
@@ -269,11 +285,22 @@ def serve(admission: bool, run_dir: Path) -> tuple[subprocess.Popen[bytes], int]
     ]
     if not admission:
         argv.append("--no-admission")
-    log = open(run_dir / f"sloline-{admission}.log", "ab")  # noqa: SIM115 (closed below)
+    argv += ["--routers", str(routers)]
+    log_path = run_dir / f"sloline-{admission}.log"
+    log = open(log_path, "ab")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     log.close()
     wait_http(f"http://127.0.0.1:{port}/v2/health/ready", None, 120, "sloline")
-    return proc, port
+    metrics = [f"http://127.0.0.1:{port}/metrics"]
+    if routers > 1:  # the banner names each router's /metrics port
+        deadline = time.monotonic() + 60
+        while len(metrics) < 2 and time.monotonic() < deadline:
+            banner = [ln for ln in log_path.read_text().splitlines() if "/metrics" in ln]
+            metrics = re.findall(r"http://[\d.:]+/metrics", banner[-1]) if banner else []
+            time.sleep(0.2)
+        for url in metrics:
+            wait_http(url, None, 60, "a router's /metrics")
+    return proc, port, metrics
 
 
 def main() -> int:
@@ -286,6 +313,7 @@ def main() -> int:
     ap.add_argument("--multipliers", type=float, nargs="+", default=[1.0, 2.0, 5.0])
     ap.add_argument("--admission", nargs="+", choices=["on", "off"], default=["off", "on"])
     ap.add_argument("--capacity", type=float, help="skip measuring it: rps")
+    ap.add_argument("--routers", type=int, default=1, help="sloline run --routers")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -300,15 +328,15 @@ def main() -> int:
         "slo_ms": SLO_S * 1e3,
         "duration_s": args.duration,
         "connections": args.connections,
+        "routers": args.routers,
         "servers": {},
     }
     if args.capacity:
         results["capacity_rps"] = args.capacity
     for admission in [mode == "on" for mode in args.admission]:
         name = "admission on" if admission else "admission off"
-        proc, port = serve(admission, run_dir)
+        proc, port, metrics = serve(admission, run_dir, args.routers)
         url = f"http://127.0.0.1:{port}/v2/models/overload/infer"
-        metrics = f"http://127.0.0.1:{port}/metrics"
         try:
             capacity = (
                 results.get("capacity_rps")

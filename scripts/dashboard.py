@@ -356,7 +356,7 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
         (
             Panel(
                 "Failed requests (share)",
-                "Share of requests answered with a 5xx status: 503 (overload, draining), "
+                "Share of requests answered with a 5xx status: 503 (overload), "
                 "504 (deadline), 500 (a stage failed).",
                 (
                     Query(

@@ -381,7 +381,8 @@ def cmd_router(args: argparse.Namespace) -> int:
             print(f"sloline {__version__}: {describe(app, plan)}", flush=True)
             await stop.wait()
             print(
-                f"stopping: refusing new requests, draining {app.router.inflight} in flight",
+                f"stopping: no new connections; draining {app.router.inflight} in flight "
+                "and the open connections",
                 flush=True,
             )
         return 0

@@ -31,9 +31,16 @@ WORKER_HEALTH_PORT: Final = 8080
 WORKER_GRACE_S: Final = 30
 # A deleted router keeps serving this long before its SIGTERM, while the cluster takes it
 # out of the client Service's endpoints (kube-proxies, load balancers); then it drains
-# (`sloline router --drain-s`, 5 s) and exits, well within its grace period.
+# (`sloline router --drain-s`) and exits, within its grace period: preStop + drain + the
+# servers' stop (2 s) < grace.
 ROUTER_PRESTOP_S: Final = 5
 ROUTER_GRACE_S: Final = 30
+# Router gRPC connections are closed (gracefully: GOAWAY, calls in flight served) at this
+# age, so gRPC clients spread over new routers and leave a draining one without a
+# cancelled call; its drain waits for them (age + 10 % jitter + 0.5 s: 11.5 s) within ...
+ROUTER_GRPC_MAX_AGE_S: Final = 10
+# ... this bound (`--drain-s`).
+ROUTER_DRAIN_S: Final = 15
 WORKER_TOKEN_KEY: Final = "token"  # noqa: S105 - the key in `<p>-worker-token`
 TMP_DIR: Final = "/tmp"  # noqa: S108 - the one writable path of a read-only root: an emptyDir
 # The init container that fetches a stage's model from storage (its `storageUri`).

@@ -39,7 +39,9 @@ from sloline.operator.naming import (
     METRICS_PORT,
     PIPELINE_FILE,
     PLAN_FILE,
+    ROUTER_DRAIN_S,
     ROUTER_GRACE_S,
+    ROUTER_GRPC_MAX_AGE_S,
     ROUTER_PRESTOP_S,
     SECRETS_DIR,
     STORAGE_INITIALIZER,
@@ -336,7 +338,8 @@ def render_router(
     """The router Deployment: `replicas` routers, each with its own stage queues and every
     worker connected to all of them. A rollout adds a router before it removes one
     (`maxUnavailable: 0`); a removed router keeps serving for `ROUTER_PRESTOP_S` while the
-    client Service drops it, then drains on SIGTERM. `replicas` is set like a worker
+    client Service drops it, then drains on SIGTERM (gRPC clients leave as their
+    connections reach `ROUTER_GRPC_MAX_AGE_S`). `replicas` is set like a worker
     Deployment's (`sloline.dev/planned-replicas`). Its Services, NetworkPolicy and
     PodDisruptionBudget are in `sloline.operator.render`."""
     name = router_name(target.name)
@@ -352,6 +355,8 @@ def render_router(
             "--grpc-port": GRPC_PORT,
             "--metrics-port": METRICS_PORT,
             "--worker-port": WORKER_PORT,
+            "--grpc-max-age-s": ROUTER_GRPC_MAX_AGE_S,
+            "--drain-s": ROUTER_DRAIN_S,
         },
     )
     args += _front_door_args(target, volumes, mounts)

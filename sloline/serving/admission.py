@@ -23,6 +23,20 @@ the path: they reach it first):
 - no worker connected, or fewer than `MIN_SAMPLES` batches measured: 0 (unknown, so a
   cold stage never refuses anything; the deadline still bounds the request).
 
+Many routers share the workers (each worker holds one credit and takes its next batch
+from the router whose queue head is oldest), so a router's queue is worked off only in
+the time the workers give it: the ``r - 1`` rounds ahead take ``s(B) / f`` each, ``f``
+the stage's *share*, the fraction of its connected workers serving this router (idle or
+busy here, not on standby for another router) while this router has work at the stage
+(queued, or in a batch), a moving average sampled at each estimate that finds it so:
+arrivals see time averages, so it is the share of that time the workers are here. (Only
+when work is queued would undercount: a worker here often takes the whole queue in one
+batch, and then only its absences find work queued.) With N routers loaded
+alike ``f`` is about 1/N, so a router counts the work queued at the others without
+knowing it; without the share each would admit as if it had every worker, N times
+too much under overload. With one router no worker is ever on standby and ``f`` is 1.
+The half batch in progress counts when no worker is idle here (busy here or elsewhere).
+
 The estimate is the output stage's finish: the longest path through the DAG. A
 conditional stage counts as if it runs (conservative: a request that skips it finishes
 earlier). A request is refused when its estimate plus a learned margin (the SLO
@@ -43,6 +57,8 @@ from sloline.spec import PipelineGraph
 MIN_SAMPLES = 5
 # Weight of the newest batch in the moving averages (~ the last 20 batches matter).
 ALPHA = 0.05
+# The smallest worker share a stage is estimated with (1/100 of its workers' time).
+MIN_SHARE = 0.01
 
 
 class StageModel:
@@ -93,7 +109,7 @@ _Step = tuple[StageQueue, StageModel, tuple[int, ...], tuple[int, ...], bool]
 class Admission:
     """Estimated time for a new request to pass through the pipeline, right now."""
 
-    __slots__ = ("_finish", "_held", "_path", "error", "last_s", "models")
+    __slots__ = ("_finish", "_held", "_path", "_shares", "error", "last_s", "models", "shares")
 
     def __init__(self, graph: PipelineGraph, queues: Mapping[str, StageQueue]) -> None:
         self.models = {name: StageModel() for name in graph.stages}
@@ -131,6 +147,10 @@ class Admission:
         )
         self._finish = [0.0] * len(order)
         self._held = [0] * len(order)
+        # Per stage on the path: its workers' share (module docstring) and how many
+        # samples the moving average has seen.
+        self.shares = [1.0] * len(order)
+        self._shares = [0] * len(order)
 
     def estimate_s(self) -> float:
         """Seconds from now until a request admitted now would leave the output stage."""
@@ -153,6 +173,11 @@ class Admission:
             for a in ancestors:
                 ahead += held[a]
             busy = queue.busy_workers
+            standby = queue.standby_workers
+            if queued or busy:  # work here (waiting or in a batch): sample the share
+                n = self._shares[i] = self._shares[i] + 1
+                w = 1.0 / n if n < 1.0 / ALPHA else ALPHA
+                self.shares[i] += w * ((workers - standby) / workers - self.shares[i])
             size = queue.max_batch
             per_round = size * workers
             rounds = -(-(ahead + 1) // per_round)
@@ -162,9 +187,11 @@ class Admission:
             own = model.fixed_s + model.per_item_s * last
             wait = own
             if rounds > 1:
-                wait += (rounds - 1) * (model.fixed_s + model.per_item_s * size)
-            if busy >= workers:  # the rest of the batches in progress: half of one
-                wait += 0.5 * (model.fixed_s + model.per_item_s * queue.in_flight() / busy)
+                full_s = model.fixed_s + model.per_item_s * size
+                wait += (rounds - 1) * full_s / max(MIN_SHARE, self.shares[i])
+            if busy + standby >= workers:  # none idle here: half of a batch in progress
+                in_batch = queue.in_flight() / busy if busy else size
+                wait += 0.5 * (model.fixed_s + model.per_item_s * in_batch)
             finish[i] = max(start + own, wait)
         self.last_s = math.nan if cold else finish[-1]
         return finish[-1]

@@ -5,8 +5,9 @@ so observed and planned envelopes compare window by window.
 
 The embedded mode (`embedded.py`) adds local worker processes and the tuner around it;
 on Kubernetes `sloline router` (`standalone.py`) runs it alone and workers in other pods
-dial in. Both stop the same way: stop admitting (new requests get 503 and readiness
-turns 503), let in-flight requests finish within a bound, then close the ports.
+dial in. Both stop the same way: readiness turns 503, the client ports take no new
+connection, requests in flight and any still sent on open connections are answered (each
+connection then closes), within a bound, then every port closes.
 """
 
 from __future__ import annotations
@@ -107,10 +108,17 @@ class RouterApp:
         await self.server.start()
 
     async def drain(self, timeout_s: float | None = None) -> None:
-        """Stop admitting and wait (at most `timeout_s`) for in-flight requests."""
+        """Turn unready, close the client doors to new connections, and wait (at most
+        `timeout_s`) until the requests in flight are answered and the clients have left
+        (`RouterServer.close_doors`: what still arrives on an open connection is served,
+        with `Connection: close` or after a GOAWAY, so no client sees its request fail)."""
+        timeout_s = self.drain_s if timeout_s is None else timeout_s
         self.router.draining = True
-        deadline = time.monotonic() + (self.drain_s if timeout_s is None else timeout_s)
-        while self.router.inflight and time.monotonic() < deadline:
+        self.server.close_doors(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while (self.router.inflight or not self.server.doors_closed()) and (
+            time.monotonic() < deadline
+        ):
             await asyncio.sleep(0.01)
 
     async def stop(self) -> None:

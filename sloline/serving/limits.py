@@ -9,7 +9,11 @@ run` / `sloline router`, table in docs/operations.md "Front-door limits"):
   connection opened), and answers 408 when a body is not complete `body_timeout_s` after
   its headers (slowloris and trickled bodies), and aborts a connection whose client has
   not read its answer for `body_timeout_s` (a full send buffer that does not drain);
-  uvicorn's `timeout_keep_alive` closes idle keep-alive connections. Beyond
+  uvicorn's `timeout_keep_alive` closes idle keep-alive connections. While the router
+  drains (`LimitedHttpProtocol.drain`), every answer says `Connection: close` and the
+  connection closes after it, so keep-alive clients reconnect elsewhere (through the
+  Service, to another router) instead of finding their connection closed under a
+  request. Beyond
   `max_connections` open connections a new one is answered 503 at once, before anything
   is read, and closed when the client has read it (at most 1 s later; under a flood, at
   once), so a flood of idle sockets costs one file descriptor per connection for at
@@ -88,6 +92,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     limits: HttpLimits = HttpLimits()
     _phase: _Phase
     _refused: bool
+    _draining: bool
     _timer: asyncio.TimerHandle | None
     _write_timer: asyncio.TimerHandle | None
 
@@ -95,7 +100,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._phase = _Phase.HEADERS
         self._timer = self._write_timer = None
-        self._refused = False
+        self._refused = self._draining = False
         limits = self.limits
         if len(self.connections) > limits.max_connections:
             self._refuse(transport)
@@ -165,6 +170,18 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._cancel_timer()
         self._phase = _Phase.BODY
         super().on_headers_complete()
+        if self._draining:
+            self.cycle.keep_alive = False
+
+    def drain(self) -> None:
+        """The router is going away: answer the request in hand and any that still comes
+        on this connection with `Connection: close`, then close. An idle connection is
+        left to its keep-alive timeout, as ever: closing it now would race a request the
+        client may be sending on it, which the client would see fail. (An answer already
+        under way keeps the connection: the next request gets the `Connection: close`.)"""
+        self._draining = True
+        if self.cycle is not None and not self.cycle.response_started:
+            self.cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
         self._cancel_timer()
@@ -256,10 +273,9 @@ def grpc_server_options(limits: GrpcLimits) -> list[tuple[str, Any]]:
         ("grpc.keepalive_timeout_ms", _ms(limits.keepalive_timeout_s)),
     ]
     if limits.max_age_s is not None:
-        options += [
-            ("grpc.max_connection_age_ms", _ms(limits.max_age_s)),
-            ("grpc.max_connection_age_grace_ms", _ms(limits.max_age_s / 10)),
-        ]
+        # No age grace (gRPC's default: unbounded): a connection past its age takes no new
+        # call and closes once its calls in flight are answered, however long they take.
+        options.append(("grpc.max_connection_age_ms", _ms(limits.max_age_s)))
     return options
 
 

@@ -74,9 +74,9 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # rate() and alerts see the first error.
 STAGE_ERROR_REASONS = ("model_error", "worker_lost")
 # Why the router shed a request with 503 (sloline_admission_rejected_total): its
-# estimated finish was past its budget, max_inflight requests were in the router, a
-# stage queue was full, or the router is shutting down.
-REJECT_REASONS = ("deadline", "inflight", "queue_full", "draining")
+# estimated finish was past its budget, max_inflight requests were in the router, or a
+# stage queue was full. (A draining router sheds nothing: it answers what still arrives.)
+REJECT_REASONS = ("deadline", "inflight", "queue_full")
 # How late the router's event loop runs a timer: the wait every request, response and
 # worker message sees before the loop gets to it (time a request spends before the
 # router sees it included).

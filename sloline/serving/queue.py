@@ -119,6 +119,11 @@ class StageQueue:
     def busy_workers(self) -> int:
         return len(self._busy)
 
+    @property
+    def standby_workers(self) -> int:
+        """Connected workers whose credit is at another router (serving it, or about to)."""
+        return len(self._standby)
+
     def in_flight(self) -> int:
         return sum(len(d.items) for d in self._busy.values())
 

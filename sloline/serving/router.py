@@ -323,9 +323,6 @@ class Router:
     def _admit(self, timeout_s: float, parameters: Mapping[str, Any]) -> None:
         """Shed (503) what the router cannot take or cannot finish in time."""
         settings = self.settings
-        if self.draining:
-            self._reject("draining")
-            raise Overloaded("the router is shutting down", retry_after_s=1.0)
         if self._inflight >= settings.max_inflight:
             self._reject("inflight")
             raise Overloaded(

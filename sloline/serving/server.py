@@ -43,6 +43,7 @@ from sloline.serving.http import (
 from sloline.serving.limits import (
     GrpcLimits,
     HttpLimits,
+    LimitedHttpProtocol,
     fd_budget,
     grpc_server_options,
     limited_http_protocol,
@@ -55,6 +56,8 @@ from sloline.serving.workers import add_worker_service
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# gRPC core closes a connection at its max age give or take this fraction.
+GRPC_AGE_JITTER = 0.1
 
 
 class _UvicornServer(uvicorn.Server):
@@ -173,7 +176,8 @@ class RouterServer:
         self.metrics_port: int | None = None
         self._grpc: grpc.aio.Server | None = None
         self._workers: grpc.aio.Server | None = None
-        self._http: list[_UvicornServer] = []
+        self._http: list[_UvicornServer] = []  # the client door first, then metrics
+        self._grpc_stopping: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []  # the uvicorn servers
         self._expiry: asyncio.Task[None] | None = None
 
@@ -301,10 +305,47 @@ class RouterServer:
             await asyncio.sleep(0.005)
         return int(sock.getsockname()[1])
 
+    def close_doors(self, grace_s: float) -> None:
+        """Begin draining the client doors: take no new connection, answer every request
+        that still comes on an open one and then close it (REST: `Connection: close`;
+        gRPC: GOAWAY, so clients open their next stream elsewhere), and give in-flight
+        gRPC calls `grace_s`. The worker and metrics ports stay open until `stop`."""
+        if self._http:
+            door = self._http[0]
+            for listener in door.servers:
+                listener.close()
+            for connection in list(door.server_state.connections):
+                if isinstance(connection, LimitedHttpProtocol):
+                    connection.drain()
+        if self._grpc is not None and self._grpc_stopping is None:
+            self._grpc_stopping = asyncio.create_task(self._stop_grpc(self._grpc, grace_s))
+
+    async def _stop_grpc(self, server: grpc.aio.Server, grace_s: float) -> None:
+        """Stop the gRPC door within `grace_s`. A server stop sends its GOAWAY while calls
+        may be on their way, and those it cancels (gRPC core does not send the graceful
+        double GOAWAY on shutdown); a connection closed for its age does, serving every
+        call that crossed it. So with `grpc_max_age_s` the door first waits until every
+        connection has reached its age (with gRPC's 10 % jitter, and half a second for the
+        GOAWAY's round trip): clients have reconnected elsewhere by then and send nothing
+        more here, and the stop only lets the calls still in flight finish."""
+        age_s = self.settings.grpc_max_age_s
+        if age_s is not None:
+            recycled_s = min(grace_s, age_s * (1 + GRPC_AGE_JITTER) + 0.5)
+            await asyncio.sleep(recycled_s)
+            grace_s -= recycled_s
+        await server.stop(grace_s)
+
+    def doors_closed(self) -> bool:
+        """Every client connection of the doors is gone (after `close_doors`)."""
+        open_http = bool(self._http) and bool(self._http[0].server_state.connections)
+        return not open_http and (self._grpc_stopping is None or self._grpc_stopping.done())
+
     async def stop(self, grace_s: float = 2.0) -> None:
         for server in self._http:
             server.should_exit = True
-        if self._grpc is not None:
+        if self._grpc_stopping is not None:
+            await self._grpc_stopping
+        elif self._grpc is not None:
             await self._grpc.stop(grace_s)
         if self._workers is not None:
             await self._workers.stop(grace_s)

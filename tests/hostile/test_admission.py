@@ -84,14 +84,25 @@ class Workers:
             self.conns[stage] = router.attach(hello)
 
     def pending(self, stage: str) -> int:
-        return len(self.conns[stage]._pending)
+        """Batches sent to the stage's worker and not answered yet. Backlog notices (the
+        router tells a worker it shares with other routers about queued work) are read
+        and dropped: the fake worker moves its credit only when a test says so."""
+        pending = self.conns[stage]._pending
+        batches = [m for m in pending if wire.decode_router_message(m)[0].HasField("batch")]
+        pending.clear()
+        pending.extend(batches)
+        return len(batches)
 
-    def answer(self, stage: str) -> None:
-        """Answer the stage's oldest batch with its inputs (identity)."""
+    def answer(self, stage: str, elsewhere_age_s: float | None = None) -> None:
+        """Answer the stage's oldest batch with its inputs (identity); `elsewhere_age_s`:
+        the worker knows of older work at another router (it leaves for it)."""
         conn = self.conns[stage]
+        self.pending(stage)
         message, payload = wire.decode_router_message(conn._pending.popleft())
         outputs = wire.batch_arrays(message.batch, payload)
-        raw = wire.result_message(message.batch.batch_id, outputs, service_s=0.001)
+        raw = wire.result_message(
+            message.batch.batch_id, outputs, service_s=0.001, elsewhere_age_s=elsewhere_age_s
+        )
         result, result_payload = wire.decode_worker_message(raw)
         try:
             self.router.on_result(conn, result.result, result_payload)
@@ -453,6 +464,75 @@ async def test_admission_refuses_at_once_what_cannot_finish_and_admits_what_can(
     assert not again.done() and router.inflight == 1
     workers.answer_all()
     assert (await again).outputs["x"].shape == (4,)
+
+
+async def test_admission_counts_the_worker_time_other_routers_take() -> None:
+    """s1's worker also serves another router: after each batch here it serves one there
+    (its result names older work elsewhere, so it leaves on standby, then grants its
+    credit back). Admission learns that the worker is here half the time while work waits
+    here, counts each round ahead twice, and refuses a request that would fit if the
+    worker were all this router's (with one router nothing changes: the share stays 1)."""
+    clock = Clock()
+    # Long deadlines (real-time timers): a slow machine must not expire the queued ones.
+    router = make_router(clock, deadline_factor=600.0, max_timeout_factor=600.0)
+    workers = Workers(router)
+    await warm_up(router, workers, clock, 0.010)
+    admission = router._admission
+    assert admission is not None and admission.shares == [1.0, 1.0, 1.0]
+    s1 = workers.conns["s1"]
+    patient: list[asyncio.Task[Any]] = []
+
+    def arrive() -> None:  # admitted whatever the estimate: it samples the share
+        patient.append(asyncio.create_task(router.infer(request(timeout_ms=60_000))))
+
+    async def work_off() -> None:  # every batch takes 10 ms, the worker stays
+        while not all(t.done() for t in patient):
+            for stage in ("s1", "s2", "s3"):
+                while workers.pending(stage):
+                    clock.now += 0.010
+                    workers.answer(stage)
+            await settle()
+
+    for _ in range(3):
+        arrive()
+    await settle()
+    for _ in range(30):
+        clock.now += 0.010
+        workers.answer("s1", elsewhere_age_s=60.0)  # older work elsewhere: it leaves
+        await settle()
+        arrive()  # the worker is away: none of it is ours
+        await settle()
+        clock.now += 0.010  # its batch at the other router
+        router.on_credit(s1, pb.Credit(grant=True))  # back, with the credit
+        arrive()  # the worker is here, busy with our batch
+        await settle()
+        for stage in ("s2", "s3"):
+            while workers.pending(stage):
+                workers.answer(stage)
+        await settle()
+    assert admission.shares[0] == pytest.approx(0.5, abs=0.05)
+    assert admission.shares[1:] == [1.0, 1.0]  # never on standby
+    # Work it off (the worker stays), then 4 queued at s1 while the worker is away.
+    await work_off()
+    arrive()
+    await settle()
+    workers.answer("s1", elsewhere_age_s=60.0)
+    for _ in range(4):
+        arrive()
+    await settle()
+    assert len(router.queues["s1"]) == 4 and router.queues["s1"].standby_workers == 1
+    admission.error.margin_s = 0.0  # the estimate alone decides
+    with pytest.raises(Overloaded, match="cannot finish this request in time"):
+        await asyncio.wait_for(router.infer(request()), 5.0)  # refused at once
+    shared_s = admission.estimate_s()
+    saved, admission.shares[0] = admission.shares[0], 1.0
+    alone_s = admission.estimate_s()  # the worker counted as all this router's
+    admission.shares[0] = saved
+    assert alone_s < router.slo_s < shared_s, (alone_s, shared_s)
+    router.on_credit(s1, pb.Credit(grant=True))
+    await work_off()
+    for task in patient:
+        assert (await task).outputs["x"].shape == (4,)
 
 
 async def test_a_pipeline_slower_than_its_slo_is_still_served_when_idle() -> None:

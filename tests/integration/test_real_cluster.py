@@ -34,11 +34,13 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import pytest
 import yaml
 
@@ -47,6 +49,7 @@ from tests.support.cluster import CATALOG, ServiceMonitorScrapes
 from tests.support.kube.client import ClusterClient
 from tests.support.kube.kubectl import kubectl_binary
 from tests.support.kube.monitoring import SERVICE_MONITOR_CRD
+from tests.support.load import KeepAliveLoad, OpenLoopLoad
 from tests.support.prometheus import Prometheus
 from tests.support.serve import build_example
 
@@ -460,6 +463,7 @@ def chart(cluster: Cluster) -> Cluster:
         # The operator's servers bind 0.0.0.0 where pods share the host's ports (docs/e2e.md,
         # "Not emulated"): free ones, so that no other cluster on this machine holds them.
         "operator": {"ports": {"metrics": free_port(), "health": free_port()}},
+        "admission": {"webhook": {"port": free_port()}},
         "settings": {
             "catalog": CATALOG,
             "profiling": {"cap": 4, "repeats": 3, "budgetS": 0.2, "pollS": 0.5},
@@ -638,3 +642,97 @@ def test_the_operator_serves_a_pipeline_and_deleting_it_removes_everything(
     wait_for(
         "the pipeline's objects gone (garbage collection)", lambda: not left(), 240, still_there
     )
+
+
+# -- routers: a rolling restart under load ----------------------------------------------------
+
+ROLLING_NS = "rolling"
+ROUTERS = "sloline.dev/pipeline=digits-cascade,app.kubernetes.io/component=router"
+# The request's own deadline (`timeout_ms`, as the gRPC load sends too) is generous: this
+# test is about the restart, not about a 2-core machine keeping the 50 ms SLO.
+PIXELS = json.dumps(
+    {
+        "inputs": [{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": [3.0] * 64}],
+        "parameters": {"timeout_ms": 30_000},
+    }
+).encode()
+
+
+def valid_digit(body: bytes) -> bool:
+    outputs = {o["name"]: o for o in json.loads(body)["outputs"]}
+    return 0 <= int(outputs["label"]["data"][0]) <= 9
+
+
+def test_a_rolling_restart_of_three_routers_under_load_fails_no_request(chart: Cluster) -> None:
+    """digits-cascade with 3 routers; keep-alive HTTP clients and an open-loop gRPC client,
+    neither retrying, send steady load through the router Service while `kubectl rollout
+    restart` replaces every router: no request fails."""
+    ns = ROLLING_NS
+    chart.kubectl("create", "namespace", ns)
+    chart.kubectl("apply", "-n", ns, "-f", str(EXAMPLE))
+
+    def why() -> str:
+        return chart.kubectl("get", "slp,deploy,pods,endpointslices", "-n", ns, check=False).stdout
+
+    def ready() -> bool:
+        item = chart.get("predictionpipeline", "-n", ns, "digits-cascade")
+        return (item.get("status") or {}).get("phase") == "Ready"
+
+    wait_for("digits-cascade Ready", ready, 420, lambda: why() + operator_log(chart))
+    # Three routers: `spec.replicas` of the router Deployment is the tuner's between plans
+    # (none runs here: no Prometheus), as `kubectl scale` sets it.
+    chart.kubectl("scale", "deployment", "-n", ns, "digits-cascade-router", "--replicas", "3")
+
+    def three_ready_routers() -> list[str] | None:
+        pods = chart.get("pods", "-n", ns, "-l", ROUTERS)["items"]
+        ready = [
+            p["metadata"]["uid"]
+            for p in pods
+            if not p["metadata"].get("deletionTimestamp")
+            and any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in (p.get("status") or {}).get("conditions") or []
+            )
+        ]
+        return ready if len(ready) == len(pods) == 3 else None
+
+    old = set(wait_for("three routers ready", three_ready_routers, 120, why))
+    service = chart.get("service", "-n", ns, "digits-cascade-router")["spec"]["clusterIP"]
+    infer(service)
+    rows = np.full((4, 64), 3.0, dtype=np.float32)
+    with (
+        KeepAliveLoad(
+            (service, 8000), "/v2/models/digits-cascade/infer", PIXELS, valid_digit
+        ) as http_load,
+        OpenLoopLoad(f"{service}:8001", "digits-cascade", "pixels", rows, max_retries=0) as grpc,
+    ):
+        grpc.rate_rps = 10
+        time.sleep(3)
+        before = (http_load.ok, len(grpc.sent))
+        chart.kubectl("rollout", "restart", "deployment", "-n", ns, "digits-cascade-router")
+        chart.kubectl(
+            "rollout", "status", "deployment", "-n", ns, "digits-cascade-router",
+            "--timeout", "180s",
+        )  # fmt: skip
+
+        def old_ones_gone() -> bool:
+            pods = chart.get("pods", "-n", ns, "-l", ROUTERS)["items"]
+            return not old & {p["metadata"]["uid"] for p in pods}
+
+        wait_for("the old routers gone", old_ones_gone, 60, why)
+        new = set(wait_for("three new routers ready", three_ready_routers, 60, why))
+        time.sleep(2)
+    sent = grpc.sent
+    grpc_failed = [s.error for s in sent if s.latency_s is None]
+    report = (
+        f"rolling restart of 3 routers: HTTP {http_load.ok} ok / {len(http_load.failures)} "
+        f"failed ({http_load.closes} answers with Connection: close), gRPC "
+        f"{len(sent) - len(grpc_failed)} ok / {len(grpc_failed)} failed"
+    )
+    print(report)
+    kinds = Counter(f[:100] for f in [*http_load.failures, *grpc_failed])
+    failed = f"{report}\n{kinds.most_common(5)}\n{chart.node_log(f'{ns}_*router*')}"
+    assert not new & old and len(new) == 3  # every router replaced
+    assert not http_load.failures and not grpc_failed, failed
+    assert http_load.ok > before[0] and len(sent) > before[1]  # load ran across the rollout
+    chart.kubectl("delete", "namespace", ns, "--wait=false")

@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from sloline.serving.stats import Ring
+from tests.support.load import KeepAliveLoad
 from tests.support.net import free_port
 from tests.support.serve import NOOP, BackgroundPipeline
 
@@ -193,6 +194,48 @@ def test_kill_9_of_a_router_fails_only_its_requests_and_it_is_replaced(
     outcomes = [infer(p.http_url) for _ in range(60)]
     assert all(o.ok for o in outcomes), [o.error for o in outcomes if not o.ok]
     assert requests_served(victim.metrics_url) > served_before
+
+
+def noop_answer(body: bytes) -> bool:
+    return bool(json.loads(body)["outputs"])
+
+
+def test_sigterm_to_each_other_router_in_turn_under_load_fails_no_request(
+    served: BackgroundPipeline,
+) -> None:
+    """Routers 1..N-1 restarted one after the other with SIGTERM (router 0 is `sloline run`
+    itself) while keep-alive clients that never retry send steady load: each drains
+    (answers with `Connection: close`, its clients reconnect to the others), exits, and
+    the local backend starts a new one that the workers join; no request fails."""
+    p = served.p
+    assert p.backend is not None
+    host, port = p.http_url.rsplit(":", 1)
+    stages = set(p.router.queues)
+    body = json.dumps({**json.loads(BODY), "parameters": {"timeout_ms": 30_000}}).encode()
+    with KeepAliveLoad(
+        (host, int(port)), "/v2/models/noop/infer", body, noop_answer, connections=8, period_s=0.05
+    ) as load:
+        time.sleep(1.0)
+        for victim in p.extra_routers:
+            old_pid = p.backend.router_pids()[victim.name]
+            os.kill(old_pid, signal.SIGTERM)
+            wait_for(
+                lambda v=victim, o=old_pid: p.backend.router_pids().get(v.name, o) != o,  # type: ignore[union-attr]
+                f"{victim.name} replaced",
+                30.0,
+            )
+            wait_for(
+                lambda v=victim: {s for s, n in v.ready_replicas().items() if n >= 1} == stages,
+                f"the workers to join the new {victim.name}",
+                30.0,
+            )
+        time.sleep(1.0)
+    print(
+        f"SIGTERM to {len(p.extra_routers)} of 3 routers in turn: {load.ok} ok / "
+        f"{len(load.failures)} failed ({load.closes} answers with Connection: close)"
+    )
+    assert not load.failures, load.failures[:10]
+    assert load.closes > 0  # the drained routers had clients, who moved
 
 
 def test_run_routers_flag_is_checked() -> None:

@@ -1,4 +1,9 @@
-"""An open-loop load generator for end-to-end tests: Poisson arrivals at a rate the test
+"""Load generators for end-to-end tests.
+
+`KeepAliveLoad`: REST clients on keep-alive connections that never retry (threads in the
+test process), for tests where every request must succeed while servers come and go.
+
+`OpenLoopLoad`: an open-loop load generator: Poisson arrivals at a rate the test
 changes while it runs, sent with the real `tritonclient` gRPC (asyncio) client, each
 request's latency recorded by send time.
 
@@ -18,6 +23,7 @@ and its latency from the first attempt, so a test can tell where they happened.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import math
 import subprocess
@@ -25,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +47,76 @@ class Sent:
     latency_s: float | None
     error: str = ""
     retries: int = 0
+
+
+class KeepAliveLoad:
+    """`with KeepAliveLoad(address, path, body, valid) as load: ...`: `connections` threads,
+    each holding one keep-alive connection to `address` (reopened only when the server
+    answered `Connection: close` or closed it), POST `body` to `path` every `period_s`.
+    Nothing is retried: every answer but a 200 whose body passes `valid` is a failure
+    (`load.failures`, with the reason); `load.closes` counts answers that said
+    `Connection: close`."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        path: str,
+        body: bytes,
+        valid: Callable[[bytes], bool],
+        *,
+        connections: int = 6,
+        period_s: float = 0.2,
+    ) -> None:
+        self.address, self.path, self.body, self.valid = address, path, body, valid
+        self.period_s = period_s
+        self.ok = 0
+        self.closes = 0
+        self.failures: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, daemon=True) for _ in range(connections)
+        ]
+
+    def _one(self, connection: http.client.HTTPConnection) -> str | None:
+        """One request; the failure, if any."""
+        try:
+            connection.request("POST", self.path, self.body, {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            body = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            connection.close()
+            return repr(exc)
+        if (response.getheader("connection") or "").lower() == "close":
+            with self._lock:
+                self.closes += 1
+        if response.status != 200:
+            return f"{response.status} {body[:200]!r}"
+        return None if self.valid(body) else f"invalid answer {body[:200]!r}"
+
+    def _run(self) -> None:
+        connection = http.client.HTTPConnection(*self.address, timeout=30)
+        next_s = time.monotonic()
+        while not self._stop.is_set():
+            failure = self._one(connection)
+            with self._lock:
+                if failure is None:
+                    self.ok += 1
+                else:
+                    self.failures.append(failure)
+            next_s += self.period_s
+            self._stop.wait(max(0.0, next_s - time.monotonic()))
+        connection.close()
+
+    def __enter__(self) -> KeepAliveLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
 
 
 class OpenLoopLoad:

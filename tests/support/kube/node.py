@@ -13,6 +13,7 @@ period, SIGKILL) and exits. Its log is `DIR/logs/kubelet.log`, the containers' b
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -61,6 +62,9 @@ def main() -> int:
             capacity=capacity,
             pod_network=args.pod_network,
             service_network=args.service_network,
+            # The local Python environment stands for the images, its PYTHONPATH (this
+            # checkout, from `scripts/cluster.py`) too: the pods run this checkout's code.
+            extra_env={k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
         ):
             while not done.wait(1.0):
                 pass

@@ -185,7 +185,8 @@ def test_contract_commands_ports_and_mounts() -> None:
     assert router["command"] == ["sloline"]
     assert " ".join(router["args"]) == (
         "router --pipeline /etc/sloline/pipeline.yaml --plan /etc/sloline/plan.json "
-        "--host $(POD_IP) --port 8000 --grpc-port 8001 --metrics-port 8002 --worker-port 8003"
+        "--host $(POD_IP) --port 8000 --grpc-port 8001 --metrics-port 8002 --worker-port 8003 "
+        "--grpc-max-age-s 10 --drain-s 15"
     )
     assert router["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert router["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
@@ -248,9 +249,13 @@ def test_many_routers_roll_one_at_a_time_behind_ready_only_services() -> None:
     (router,) = pod["containers"]
     assert router["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     pause = router["lifecycle"]["preStop"]["sleep"]["seconds"]
-    drain_s = 5  # `sloline router --drain-s`, its default (the router's args leave it)
-    assert "--drain-s" not in router["args"]
-    assert pause >= 1 and pause + drain_s < pod["terminationGracePeriodSeconds"]
+    args = router["args"]
+    drain_s = float(args[args.index("--drain-s") + 1])
+    age_s = float(args[args.index("--grpc-max-age-s") + 1])
+    # The drain waits for gRPC connections to reach their age (+ 10 % jitter + 0.5 s),
+    # and has time left for the calls in flight; the servers then take up to 2 s to stop.
+    assert age_s * 1.1 + 0.5 + 2 <= drain_s
+    assert pause >= 1 and pause + drain_s + 2 < pod["terminationGracePeriodSeconds"]
     budget = find(objects, "PodDisruptionBudget", "noop-router")
     assert budget["spec"] == {
         "maxUnavailable": 1,
