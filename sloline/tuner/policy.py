@@ -33,7 +33,7 @@ same function.
   stayed at one replica through a 4x flash crowd and queued every query. A floor stage
   also gets an effective mu (:func:`effective_throughputs`) from its estimated busy
   fraction U_m at the planned rate, which counts the hop: it scales so as to stay no
-  busier than the least busy stage with planned slack.
+  busier than the least busy stage with planned slack, and never faster than the load.
 
 Choices where §5 is silent or loose (also in docs/tuner.md):
 
@@ -381,18 +381,20 @@ def effective_throughputs(
     utilisations: Sequence[float],
 ) -> list[float]:
     """mu_m for the tuner, beside :func:`effective_rhos`: a floor stage with estimated
-    busy fraction U_m gets mu_m · min(1, (rho_m / rho_eff) · (U_ref / U_m)), U_ref the
-    smallest busy fraction among the stages with planned slack, so that Alg. 3 gives it
-    k = ceil(k_plan · (r/λ) · U_m / U_ref) replicas once that is more than its effective
-    rho asks (its busy fraction then stays at most U_ref). Unchanged where no stage has
-    planned slack or U_m is unknown (0)."""
+    busy fraction U_m gets mu_m · min(1, (rho_m / rho_eff) · max(1, U_ref / U_m)), U_ref
+    the smallest busy fraction among the stages with planned slack, so that Alg. 3 gives
+    it k = ceil(k_plan · (r/λ) · min(1, U_m / U_ref)) replicas once that is more than
+    its effective rho asks: its busy fraction stays at most U_ref, and it never scales
+    faster than the load (a stage with slack may be replicated for latency, not load,
+    and so be far less busy than any floor stage). Unchanged where no stage has planned
+    slack or U_m is unknown (0)."""
     busy = [u for u, f in zip(utilisations, at_floor, strict=True) if not f and u > 0.0]
     if not busy:
         return list(throughputs)
     u_ref = min(busy)
     eff = effective_rhos(rhos, at_floor)
     return [
-        mu * min(1.0, (rho / rho_eff) * (u_ref / u)) if floor and u > 0.0 else mu
+        mu * min(1.0, (rho / rho_eff) * max(1.0, u_ref / u)) if floor and u > 0.0 else mu
         for mu, rho, rho_eff, floor, u in zip(
             throughputs, rhos, eff, at_floor, utilisations, strict=True
         )

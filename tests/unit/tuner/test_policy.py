@@ -356,3 +356,7 @@ def test_effective_throughputs_leave_mu_where_they_know_no_better() -> None:
         10.0,
         20.0,
     ]
+    # A floor stage busier than the reference scales with the load, never faster:
+    # mu · rho / rho_eff gives k = ceil(k_plan · r/λ) whatever its busy fraction.
+    hot = effective_throughputs([10.0, 20.0], [0.1, 0.5], [True, False], [0.9, 0.1])
+    assert hot == [pytest.approx(10.0 * 0.1 / 0.5), 20.0]
