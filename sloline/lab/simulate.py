@@ -66,6 +66,7 @@ from sloline.tuner.policy import (
     TunerSettings,
     decide,
     effective_rhos,
+    effective_throughputs,
     estimate_load,
 )
 from sloline.tuner.replan import ReplanSettings, choose, plan_recent
@@ -137,13 +138,19 @@ def _tune(
     problem: PlanningProblem, plan: Plan, settings: TunerSettings, *, literal: bool
 ) -> Callable[[Observation, float], tuple[Targets, float]]:
     """One tick of the InferLine tuner on ``plan``: :func:`~sloline.tuner.policy.decide`
-    on stages with the effective rho_m the live loop gives them
-    (:func:`~sloline.tuner.policy.effective_rhos`, as :func:`sloline.tuner.sources.
-    stage_tunings`); ``literal`` feeds it §5's rates instead of the default estimate."""
+    on stages with the effective rho_m and mu_m the live loop gives them
+    (:func:`~sloline.tuner.policy.effective_rhos` and ``effective_throughputs``, as
+    :func:`sloline.tuner.sources.stage_tunings`); ``literal`` feeds it §5's rates
+    instead of the default estimate."""
     bounds = [problem.replica_bounds(s.name) for s in plan.stages]
-    rhos = effective_rhos(
-        [s.rho for s in plan.stages],
-        [s.replicas <= lo for s, (lo, _) in zip(plan.stages, bounds, strict=True)],
+    at_floor = [s.replicas <= lo for s, (lo, _) in zip(plan.stages, bounds, strict=True)]
+    planned_rhos = [s.rho for s in plan.stages]
+    rhos = effective_rhos(planned_rhos, at_floor)
+    mus = effective_throughputs(
+        [s.throughput_rps for s in plan.stages],
+        planned_rhos,
+        at_floor,
+        [s.utilisation for s in plan.stages],
     )
 
     def step(observation: Observation, last_change_s: float) -> tuple[Targets, float]:
@@ -158,11 +165,11 @@ def _tune(
                     min_replicas=lo,
                     max_replicas=hi,
                     scale_factor=s.scale_factor,
-                    throughput_rps=s.throughput_rps,
+                    throughput_rps=mu,
                     max_provisioning_ratio=rho,
                 )
-                for s, view, (lo, hi), rho in zip(
-                    plan.stages, observation.stages, bounds, rhos, strict=True
+                for s, view, (lo, hi), rho, mu in zip(
+                    plan.stages, observation.stages, bounds, rhos, mus, strict=True
                 )
             ),
             planning_envelope=plan.envelope,

@@ -28,6 +28,12 @@ same function.
   in proportion to the rate and Alg. 4's rho_min ~ 0 blocks every scale-down. Such a
   stage gets an effective rho (:func:`effective_rhos`): the smallest rho among stages
   with planned slack, or the pipeline's largest rho when every stage is at its floor.
+- mu_m counts full batches and no hop, so a fast stage at batch 1 (1.2 ms of work, a
+  0.8 ms hop) serves 1.6x less than mu_m says; with a rho alone a floor stage like it
+  stayed at one replica through a 4x flash crowd and queued every query. A floor stage
+  also gets an effective mu (:func:`effective_throughputs`) from its estimated busy
+  fraction U_m at the planned rate, which counts the hop: it scales so as to stay no
+  busier than the least busy stage with planned slack, and never faster than the load.
 
 Choices where §5 is silent or loose (also in docs/tuner.md):
 
@@ -81,6 +87,7 @@ __all__ = [
     "TunerSettings",
     "decide",
     "effective_rhos",
+    "effective_throughputs",
     "estimate_load",
     "exceedances",
     "replicas_for_rate",
@@ -365,6 +372,33 @@ def effective_rhos(rhos: Sequence[float], at_floor: Sequence[bool]) -> list[floa
     chosen = [r for r, floor in zip(rhos, at_floor, strict=True) if not floor]
     reference = min(chosen) if chosen else max(rhos)
     return [max(r, reference) if floor else r for r, floor in zip(rhos, at_floor, strict=True)]
+
+
+def effective_throughputs(
+    throughputs: Sequence[float],
+    rhos: Sequence[float],
+    at_floor: Sequence[bool],
+    utilisations: Sequence[float],
+) -> list[float]:
+    """mu_m for the tuner, beside :func:`effective_rhos`: a floor stage with estimated
+    busy fraction U_m gets mu_m · min(1, (rho_m / rho_eff) · max(1, U_ref / U_m)), U_ref
+    the smallest busy fraction among the stages with planned slack, so that Alg. 3 gives
+    it k = ceil(k_plan · (r/λ) · min(1, U_m / U_ref)) replicas once that is more than
+    its effective rho asks: its busy fraction stays at most U_ref, and it never scales
+    faster than the load (a stage with slack may be replicated for latency, not load,
+    and so be far less busy than any floor stage). Unchanged where no stage has planned
+    slack or U_m is unknown (0)."""
+    busy = [u for u, f in zip(utilisations, at_floor, strict=True) if not f and u > 0.0]
+    if not busy:
+        return list(throughputs)
+    u_ref = min(busy)
+    eff = effective_rhos(rhos, at_floor)
+    return [
+        mu * min(1.0, (rho / rho_eff) * max(1.0, u_ref / u)) if floor and u > 0.0 else mu
+        for mu, rho, rho_eff, floor, u in zip(
+            throughputs, rhos, eff, at_floor, utilisations, strict=True
+        )
+    ]
 
 
 def scale_down(

@@ -47,6 +47,7 @@ from sloline.tuner.policy import (
     TunerSettings,
     decide,
     effective_rhos,
+    effective_throughputs,
 )
 from sloline.tuner.reference import PlanningReference
 
@@ -326,13 +327,18 @@ def stage_tunings(
 ) -> list[StageTuning]:
     """Per-stage tuning parameters from the plan, for the embedded and Kubernetes tuners
     alike: stages whose replicas the spec (or `pinned`) fixes are left alone; bounds are
-    the spec's min/max replicas, else 1 and `max_replicas`; rho_m is made effective for
-    stages planned at their floor."""
+    the spec's min/max replicas, else 1 and `max_replicas`; rho_m and mu_m are made
+    effective for stages planned at their floor."""
     spec = {s.name: s for s in stages}
     floors = [spec[s.name].min_replicas or 1 for s in plan.stages]
-    rhos = effective_rhos(
-        [s.rho for s in plan.stages],
-        [s.replicas <= floor for s, floor in zip(plan.stages, floors, strict=True)],
+    at_floor = [s.replicas <= floor for s, floor in zip(plan.stages, floors, strict=True)]
+    planned_rhos = [s.rho for s in plan.stages]
+    rhos = effective_rhos(planned_rhos, at_floor)
+    mus = effective_throughputs(
+        [s.throughput_rps for s in plan.stages],
+        planned_rhos,
+        at_floor,
+        [s.utilisation for s in plan.stages],
     )
     return [
         StageTuning(
@@ -340,10 +346,10 @@ def stage_tunings(
             min_replicas=floor,
             max_replicas=spec[s.name].max_replicas or max_replicas,
             scale_factor=s.scale_factor,
-            throughput_rps=s.throughput_rps,
+            throughput_rps=mu,
             max_provisioning_ratio=rho,
         )
-        for s, floor, rho in zip(plan.stages, floors, rhos, strict=True)
+        for s, floor, rho, mu in zip(plan.stages, floors, rhos, mus, strict=True)
         if s.name not in pinned and spec[s.name].replicas is None
     ]
 

@@ -5,6 +5,7 @@ load estimate (:mod:`sloline.tuner.load_estimate`) has its own tests below them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -310,3 +311,52 @@ def test_effective_rhos_lift_stages_at_their_floor() -> None:
     assert effective_rhos([0.0003, 0.59], [True, True]) == [0.59, 0.59]
     # a floor stage already busier than the reference keeps its own rho.
     assert effective_rhos([0.9, 0.5], [True, False]) == [0.9, 0.5]
+
+
+def test_effective_throughputs_count_what_a_floor_stage_really_serves() -> None:
+    from sloline.tuner.policy import effective_rhos, effective_throughputs
+
+    # A held-out pipeline's plan at 137 rps: a CPU stage at batch 1 on its floor (mu
+    # 821.7 rps from 1.2 ms of work, busy 28 % with its 0.8 ms hop) before a GPU-like
+    # stage on 7 replicas (rho 0.68, busy 70 %).
+    rhos, floor, busy = [0.17, 0.68], [True, False], [0.28, 0.70]
+    eff_rho = effective_rhos(rhos, floor)
+    eff_mu = effective_throughputs([821.7, 28.7], rhos, floor, busy)
+    assert eff_rho == [0.68, 0.68]
+    assert eff_mu[0] == pytest.approx(821.7 * (0.17 / 0.68) * (0.70 / 0.28))
+    assert eff_mu[1] == 28.7  # a stage with planned slack keeps its mu
+    cpu = stage("cpu", desired=1, mu=eff_mu[0], rho=eff_rho[0])
+    gpu = stage("gpu", desired=7, mu=eff_mu[1], rho=eff_rho[1])
+    surge = context(cpu, gpu, planning=flat(137.0), observed=flat(540.0))
+    targets = {d.stage: d.to_replicas for d in decide(surge, SETTINGS).decisions}
+    # 540 rps needs 2 CPU replicas to stay no busier than the GPU stage (1.1 s of
+    # work per second on one); mu alone says one replica serves 821 rps.
+    assert targets == {"cpu": 2, "gpu": math.ceil(7 * 540.0 / 137.0 - 1e-9)}
+    plain = context(stage("cpu", desired=1, mu=821.7, rho=0.68), planning=flat(137.0))
+    plain = dataclasses.replace(plain, observed_envelope=flat(540.0))
+    assert decide(plain, SETTINGS).decisions == ()  # the planned mu alone: no scale-up
+
+
+def test_effective_throughputs_leave_mu_where_they_know_no_better() -> None:
+    from sloline.tuner.policy import effective_throughputs
+
+    # No stage with planned slack, no busy fraction, or a floor stage that the
+    # reference rho already scales enough: mu as planned.
+    assert effective_throughputs([10.0, 20.0], [0.1, 0.5], [True, True], [0.1, 0.5]) == [
+        10.0,
+        20.0,
+    ]
+    assert effective_throughputs([10.0, 20.0], [0.1, 0.5], [True, False], [0.0, 0.5]) == [
+        10.0,
+        20.0,
+    ]
+    # rho 0.1 lifted to 0.5 already asks for 1/5 of the proportional replicas; its busy
+    # fraction (0.05 against 0.5) allows 1/10: the rho stands, mu stays.
+    assert effective_throughputs([10.0, 20.0], [0.1, 0.5], [True, False], [0.05, 0.5]) == [
+        10.0,
+        20.0,
+    ]
+    # A floor stage busier than the reference scales with the load, never faster:
+    # mu · rho / rho_eff gives k = ceil(k_plan · r/λ) whatever its busy fraction.
+    hot = effective_throughputs([10.0, 20.0], [0.1, 0.5], [True, False], [0.9, 0.1])
+    assert hot == [pytest.approx(10.0 * 0.1 / 0.5), 20.0]
