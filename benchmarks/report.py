@@ -132,6 +132,8 @@ METRICS: dict[str, MetricFn] = {
     "server_cpu_ms_per_req_sequential": lambda c: c["sequential"].get("server_cpu_ms_per_req"),
     "other_cores_at_max": _other_cores,
     "startup_s": lambda c: c.get("startup_s"),
+    "loadavg_1m_start": lambda c: c.get("loadavg_1m", {}).get("start"),
+    "loadavg_1m_end": lambda c: c.get("loadavg_1m", {}).get("end"),
 }
 
 
@@ -149,6 +151,10 @@ def summarize_runs(cells: list[dict[str, Any]], hops: list[dict[str, Any]],
         entry["cpu_ms_per_req_by_process_at_max"] = {
             r: spread(c["max"].get("server_cpu_ms_per_req_by_process", {}).get(r) for c in ok)
             for r in roles
+        }
+        stages = list(dict.fromkeys(st for c in ok for st in c["max"].get("mean_batch", {})))
+        entry["mean_batch_at_max"] = {
+            st: spread(c["max"].get("mean_batch", {}).get(st) for c in ok) for st in stages
         }
         phases = ("sequential", "max", "open")
         entry["request_errors"] = sum(sum(c[p].get("errors", {}).values())
@@ -288,6 +294,22 @@ def _cpu_table(main: dict[str, Any]) -> str | None:
     return table(header, rows) if rows else None
 
 
+def _batch_load_table(main: dict[str, Any]) -> str | None:
+    """Mean batch per stage at max throughput (sloline), and the machine's 1-minute load
+    average at the start and end of each cell."""
+    rows = []
+    for workload, systems in main.items():
+        for system in _ordered(systems):
+            e = systems[system]
+            batches = e.get("mean_batch_at_max") or {}
+            text = ", ".join(f"{st} {fmt(v)}" for st, v in batches.items() if v) or "—"
+            rows.append([workload, system, text, fmt(e.get("loadavg_1m_start"), 1),
+                         fmt(e.get("loadavg_1m_end"), 1)])  # fmt: skip
+    header = ["workload", "system", "mean batch per stage @max", "load avg 1m at cell start",
+              "at cell end"]  # fmt: skip
+    return table(header, rows) if rows else None
+
+
 def _hop_table(summary: dict[str, Any]) -> str | None:
     rows = []
     for payload, systems in summary["per_hop"].items():
@@ -305,7 +327,8 @@ def _hop_table(summary: dict[str, Any]) -> str | None:
 
 def render(doc: dict[str, Any]) -> str:
     s = doc["summary"]
-    parts = [_machine_line(doc), _main_table(s["main"]), _cpu_table(s["main"]), _hop_table(s)]
+    parts = [_machine_line(doc), _main_table(s["main"]), _cpu_table(s["main"]),
+             _batch_load_table(s["main"]), _hop_table(s)]  # fmt: skip
     if s["targets"]:
         parts.append(table(["target", "measured", "met"],
                            [[t["target"], t["measured"], "yes" if t["pass"] else "**no**"]

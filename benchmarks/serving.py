@@ -312,11 +312,15 @@ class Bench:
                     for w in ordered:
                         log(f"rep {rep} {name} {w.name}")
                         record = {"rep": rep, "system": name, "workload": w.name, **info}
+                        load_start = os.getloadavg()[0]
                         if system is not None:
                             try:
                                 record.update(self.cell(system, w))
                             except Exception as exc:
                                 record["error"] = f"{type(exc).__name__}: {exc}"
+                        # The machine's 1-minute load average around the cell (other jobs
+                        # on a shared machine, plus this benchmark's own processes).
+                        record["loadavg_1m"] = {"start": load_start, "end": os.getloadavg()[0]}
                         records.append(record)
                         log(f"  -> {brief(record)}")
                 finally:
@@ -441,6 +445,21 @@ def brief(record: dict[str, Any]) -> str:
             f"{sum(sum(x.get('errors', {}).values()) for x in (s, m, o))}")  # fmt: skip
 
 
+def wait_for_quiet(threshold: float, max_s: float, poll_s: float = 15.0) -> dict[str, Any]:
+    """Wait until the 1-minute load average is below `threshold`, at most `max_s`."""
+    t0 = time.monotonic()
+    before = os.getloadavg()[0]
+    load = before
+    while load >= threshold and time.monotonic() - t0 < max_s:
+        log(f"load average {load:.2f} >= {threshold}: waiting "
+            f"({time.monotonic() - t0:.0f} of at most {max_s:.0f} s)")  # fmt: skip
+        time.sleep(min(poll_s, max(0.0, max_s - (time.monotonic() - t0))))
+        load = os.getloadavg()[0]
+    return {"threshold": threshold, "max_s": max_s, "waited_s": time.monotonic() - t0,
+            "loadavg_before": before, "loadavg_after": load,
+            "reached": load < threshold}  # fmt: skip
+
+
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -464,6 +483,10 @@ def main() -> int:
     parser.add_argument("--routers", default="",
                         help="router counts, e.g. 1,2,4: sloline runs once per count "
                              "(systems sloline-r1, sloline-r2, ...) instead of once")  # fmt: skip
+    parser.add_argument("--wait-load", type=float, metavar="LOAD",
+                        help="before starting, wait until the 1-minute load average is below "
+                             "LOAD (a shared machine), at most --wait-max-s")  # fmt: skip
+    parser.add_argument("--wait-max-s", type=float, default=900.0)
     args = parser.parse_args()
     plan = QUICK if args.quick else FULL
     if args.reps:
@@ -498,7 +521,10 @@ def main() -> int:
                 notes.append(f"{name} skipped: {path} does not exist yet")
             else:
                 workloads.append(example)
+    quiet = wait_for_quiet(args.wait_load, args.wait_max_s) if args.wait_load else None
     machine = machine_info(args.haproxy_binary)
+    if quiet is not None:
+        machine["quiet_wait"] = quiet
     log(f"run dir {run_dir}; systems {systems}; workloads {[w.name for w in workloads]}")
     bench = Bench(args, plan, run_dir)
     cells, hops, echoes = [], [], []
