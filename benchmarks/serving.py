@@ -56,6 +56,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from loadgen import merge_results, split_command
 from report import machine_info, render, summarize_runs
 from systems import (
     ChildProcess,
@@ -182,12 +183,33 @@ def baseline_source(ref: str, run_dir: Path) -> Path:
     return out
 
 
+class LoadGenerators:
+    """`procs` load-generator processes (`loadgen.py`) sharing every command: a closed
+    loop's concurrency and an open loop's arrivals are split over them and their answers
+    merged (`split_command`, `merge_results`); a sequential command goes to the first."""
+
+    def __init__(self, procs: int, run_dir: Path) -> None:
+        self.children = [ChildProcess([sys.executable, str(HERE / "loadgen.py")],
+                                      stderr_path=run_dir / f"loadgen-{i}.log")
+                         for i in range(procs)]  # fmt: skip
+
+    def request(self, command: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        parts = split_command(command, len(self.children))
+        busy = self.children[: len(parts)]
+        for child, part in zip(busy, parts, strict=True):
+            child.send(part)
+        return merge_results([child.read(timeout_s) for child in busy])
+
+    def close(self, grace_s: float) -> None:
+        for child in self.children:
+            child.close(grace_s=grace_s)
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, plan: Plan, run_dir: Path) -> None:
         self.args, self.plan, self.run_dir = args, plan, run_dir
         self.baseline = baseline_source(args.baseline_ref, run_dir) if args.baseline_ref else None
-        self.loadgen = ChildProcess([sys.executable, str(HERE / "loadgen.py")],
-                                    stderr_path=run_dir / "loadgen.log")  # fmt: skip
+        self.loadgen = LoadGenerators(args.client_procs, run_dir)
 
     # ------------------------------------------------------------- one phase
     def phase(self, system: Any, workload: Workload, command: dict[str, Any]) -> dict[str, Any]:
@@ -483,6 +505,9 @@ def main() -> int:
     parser.add_argument("--routers", default="",
                         help="router counts, e.g. 1,2,4: sloline runs once per count "
                              "(systems sloline-r1, sloline-r2, ...) instead of once")  # fmt: skip
+    parser.add_argument("--client-procs", type=int, default=1, metavar="N",
+                        help="load-generator processes sharing each closed- and open-loop "
+                             "phase (default 1), so the client is not the ceiling")  # fmt: skip
     parser.add_argument("--wait-load", type=float, metavar="LOAD",
                         help="before starting, wait until the 1-minute load average is below "
                              "LOAD (a shared machine), at most --wait-max-s")  # fmt: skip
@@ -493,6 +518,8 @@ def main() -> int:
         plan = Plan(**{**plan.__dict__, "reps": args.reps})
     default = ("sloline", BASE) if args.baseline_ref else ALL_SYSTEMS
     systems = list(args.systems or (("floor", "sloline") if args.quick else default))
+    if args.client_procs < 1:
+        parser.error("--client-procs must be at least 1")
     if BASE in systems and not args.baseline_ref:
         parser.error(f"{BASE} needs --baseline-ref")
     if args.routers:
@@ -544,6 +571,7 @@ def main() -> int:
     settings = {"plan": plan.__dict__, "systems": systems, "baseline_ref": args.baseline_ref,
                 "noop_max_batch": args.noop_max_batch,
                 "image_max_batch": args.image_max_batch, "quick": args.quick,
+                "client_procs": args.client_procs,
                 "run_dir": str(run_dir), "wall_s": time.perf_counter() - started}  # fmt: skip
     summary = summarize_runs(cells, hops, echoes)
     doc = {"date": date, "machine": machine, "settings": settings, "notes": notes,
