@@ -3,15 +3,22 @@
 Every number in a table is the median over repetitions, with the min-max spread beside
 it where there is more than one repetition. The project's targets (docs/benchmarks.md)
 are checked against the medians and printed as measured, pass or not.
+
+As a script it renders a results file again and can keep its summary in a small file
+(the raw file, with every cell's phases, stays out of git):
+``python benchmarks/report.py RESULTS.json [--summary-out SMALL.json]``.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import subprocess
 from collections.abc import Callable, Iterable
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -334,3 +341,38 @@ def render(doc: dict[str, Any]) -> str:
                            [[t["target"], t["measured"], "yes" if t["pass"] else "**no**"]
                             for t in s["targets"]]))  # fmt: skip
     return "\n\n".join(p for p in parts if p)
+
+
+def cell_digest(cell: dict[str, Any]) -> dict[str, Any]:
+    """One cell's key numbers, for a summary file (the raw cell keeps every phase)."""
+    out = {k: cell.get(k) for k in ("rep", "system", "workload", "startup_s", "loadavg_1m")}
+    if "error" in cell:
+        return {**out, "error": cell["error"]}
+    m, o = cell["max"], cell["open"]
+    return {**out, "max_rps": m["rps"], "concurrency": m["concurrency"],
+            "server_cpu_ms_per_req_at_max": m.get("server_cpu_ms_per_req"),
+            "client_cores_at_max": m.get("client_cores"), "mean_batch": m.get("mean_batch"),
+            "other_cores_at_max": _other_cores(cell), "half_load_rps": o["rate_rps"],
+            "half_load_p99_ms": o.get("p99_ms")}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="render serving.py results again")
+    parser.add_argument("results", type=Path)
+    parser.add_argument(
+        "--summary-out",
+        type=Path,
+        help="write machine, settings, summary and a digest of every cell",
+    )
+    args = parser.parse_args()
+    doc = json.loads(args.results.read_text())
+    print(render(doc))
+    if args.summary_out:
+        small = {k: doc[k] for k in ("date", "machine", "settings", "notes", "summary")}
+        small["cells"] = [cell_digest(c) for c in doc["cells"]]
+        args.summary_out.write_text(json.dumps(small, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
