@@ -17,6 +17,13 @@ Three load shapes, all bounded in count and time:
 
 Each result includes the generator's own CPU seconds over the measured window, so the
 orchestrator can tell a saturated server from a saturated client.
+
+Several generator processes can share one command (`serving.py --client-procs N`), so
+that one client process, one event loop on one core, is not the ceiling of a server
+with many routers: `split_command` gives each process its share (closed loop: the
+concurrency; open loop: the count, at a proportional rate, each with its own seed, so the
+sum of the Poisson streams is the Poisson stream of the whole rate) and
+`merge_results` merges their answers (percentiles from every process's latencies).
 """
 
 from __future__ import annotations
@@ -103,7 +110,7 @@ async def sequential(client: Client, count: int, warmup: int, max_s: float) -> d
 
 
 async def closed(
-    client: Client, concurrency: int, duration_s: float, warmup_s: float
+    client: Client, concurrency: int, duration_s: float, warmup_s: float, keep: bool = False
 ) -> dict[str, Any]:
     """`concurrency` loops for warmup + duration; only requests that *finish* inside the
     measured window count, so throughput is completions per second of the window."""
@@ -135,10 +142,12 @@ async def closed(
         "window_s": duration_s,
         "rps": len(latencies) / duration_s,
         "client_cpu_s": marks["cpu1"] - marks["cpu0"],
+        **({"latencies_s": latencies} if keep else {}),
     }
 
 
-async def open_loop(client: Client, rate_rps: float, count: int, seed: int) -> dict[str, Any]:
+async def open_loop(client: Client, rate_rps: float, count: int, seed: int | list[int],
+                    keep: bool = False) -> dict[str, Any]:  # fmt: skip
     """Poisson arrivals; latency = completion - scheduled arrival."""
     gaps = np.random.default_rng(seed).exponential(1.0 / rate_rps, count)
     schedule = np.cumsum(gaps)
@@ -174,7 +183,58 @@ async def open_loop(client: Client, rate_rps: float, count: int, seed: int) -> d
         "dropped": dropped,
         "wall_s": wall,
         "client_cpu_s": time.process_time() - cpu0,
+        **({"latencies_s": latencies} if keep else {}),
     }
+
+
+def split_command(command: dict[str, Any], procs: int) -> list[dict[str, Any]]:
+    """Each of `procs` generator processes' share of `command` (fewer shares when there
+    is less to share than processes). A sequential command is not shared."""
+    kind = command["kind"]
+    if procs <= 1 or kind == "sequential":
+        return [command]
+    if kind == "closed":
+        n = command["concurrency"]
+        shares = [n // procs + (i < n % procs) for i in range(procs)]
+        return [{**command, "concurrency": k, "keep_latencies": True} for k in shares if k]
+    if kind == "open":
+        count, rate = command["count"], command["rate_rps"]
+        counts = [count // procs + (i < count % procs) for i in range(procs)]
+        return [{**command, "count": c, "rate_rps": rate * c / count,
+                 "seed": [command.get("seed", 0), i], "keep_latencies": True}
+                for i, c in enumerate(counts) if c]  # fmt: skip
+    raise ValueError(f"unknown command kind {kind!r}")
+
+
+SUMMED = ("rps", "concurrency", "rate_rps", "offered_rps", "achieved_rps", "dropped",
+          "client_cpu_s", "ok_total")  # fmt: skip
+
+
+def merge_results(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One answer from the answers of the processes that shared a command: counts, rates
+    and CPU summed, percentiles over every process's latencies, errors counted together."""
+    failed = [r["failed"] for r in results if "failed" in r]
+    if failed:
+        return {"failed": "; ".join(failed)}
+    if len(results) == 1:
+        return {k: v for k, v in results[0].items() if k != "latencies_s"}
+    latencies = [x for r in results for x in r.get("latencies_s", [])]
+    merged: dict[str, Any] = {k: v for k, v in results[0].items() if k != "latencies_s"}
+    merged.update(summarize(latencies))
+    for key in SUMMED:
+        if key in merged:
+            merged[key] = sum(r[key] for r in results)
+    for key in ("wall_s", "window_s"):
+        if key in merged:
+            merged[key] = max(r[key] for r in results)
+    for key in ("errors", "response_sizes"):
+        total: dict[str, int] = {}
+        for r in results:
+            for k, v in r.get(key, {}).items():
+                total[k] = total.get(k, 0) + v
+        merged[key] = total
+    merged["client_procs"] = len(results)
+    return merged
 
 
 async def handle(command: dict[str, Any]) -> dict[str, Any]:
@@ -198,15 +258,16 @@ async def handle(command: dict[str, Any]) -> dict[str, Any]:
 
 async def _run(client: Client, command: dict[str, Any]) -> dict[str, Any]:
     kind = command["kind"]
+    keep = bool(command.get("keep_latencies"))  # for `merge_results` (several processes)
     if kind == "sequential":
         result = await sequential(client, command["count"], command.get("warmup", 20),
                                   command.get("max_s", 60.0))  # fmt: skip
     elif kind == "closed":
         result = await closed(client, command["concurrency"], command["duration_s"],
-                              command.get("warmup_s", 0.5))  # fmt: skip
+                              command.get("warmup_s", 0.5), keep)  # fmt: skip
     elif kind == "open":
         result = await open_loop(client, command["rate_rps"], command["count"],
-                                 command.get("seed", 0))  # fmt: skip
+                                 command.get("seed", 0), keep)  # fmt: skip
     else:
         raise ValueError(f"unknown command kind {kind!r}")
     return result

@@ -3,15 +3,22 @@
 Every number in a table is the median over repetitions, with the min-max spread beside
 it where there is more than one repetition. The project's targets (docs/benchmarks.md)
 are checked against the medians and printed as measured, pass or not.
+
+As a script it renders a results file again and can keep its summary in a small file
+(the raw file, with every cell's phases, stays out of git):
+``python benchmarks/report.py RESULTS.json [--summary-out SMALL.json]``.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import subprocess
 from collections.abc import Callable, Iterable
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -132,6 +139,8 @@ METRICS: dict[str, MetricFn] = {
     "server_cpu_ms_per_req_sequential": lambda c: c["sequential"].get("server_cpu_ms_per_req"),
     "other_cores_at_max": _other_cores,
     "startup_s": lambda c: c.get("startup_s"),
+    "loadavg_1m_start": lambda c: c.get("loadavg_1m", {}).get("start"),
+    "loadavg_1m_end": lambda c: c.get("loadavg_1m", {}).get("end"),
 }
 
 
@@ -149,6 +158,10 @@ def summarize_runs(cells: list[dict[str, Any]], hops: list[dict[str, Any]],
         entry["cpu_ms_per_req_by_process_at_max"] = {
             r: spread(c["max"].get("server_cpu_ms_per_req_by_process", {}).get(r) for c in ok)
             for r in roles
+        }
+        stages = list(dict.fromkeys(st for c in ok for st in c["max"].get("mean_batch", {})))
+        entry["mean_batch_at_max"] = {
+            st: spread(c["max"].get("mean_batch", {}).get(st) for c in ok) for st in stages
         }
         phases = ("sequential", "max", "open")
         entry["request_errors"] = sum(sum(c[p].get("errors", {}).values())
@@ -288,6 +301,22 @@ def _cpu_table(main: dict[str, Any]) -> str | None:
     return table(header, rows) if rows else None
 
 
+def _batch_load_table(main: dict[str, Any]) -> str | None:
+    """Mean batch per stage at max throughput (sloline), and the machine's 1-minute load
+    average at the start and end of each cell."""
+    rows = []
+    for workload, systems in main.items():
+        for system in _ordered(systems):
+            e = systems[system]
+            batches = e.get("mean_batch_at_max") or {}
+            text = ", ".join(f"{st} {fmt(v)}" for st, v in batches.items() if v) or "—"
+            rows.append([workload, system, text, fmt(e.get("loadavg_1m_start"), 1),
+                         fmt(e.get("loadavg_1m_end"), 1)])  # fmt: skip
+    header = ["workload", "system", "mean batch per stage @max", "load avg 1m at cell start",
+              "at cell end"]  # fmt: skip
+    return table(header, rows) if rows else None
+
+
 def _hop_table(summary: dict[str, Any]) -> str | None:
     rows = []
     for payload, systems in summary["per_hop"].items():
@@ -305,9 +334,45 @@ def _hop_table(summary: dict[str, Any]) -> str | None:
 
 def render(doc: dict[str, Any]) -> str:
     s = doc["summary"]
-    parts = [_machine_line(doc), _main_table(s["main"]), _cpu_table(s["main"]), _hop_table(s)]
+    parts = [_machine_line(doc), _main_table(s["main"]), _cpu_table(s["main"]),
+             _batch_load_table(s["main"]), _hop_table(s)]  # fmt: skip
     if s["targets"]:
         parts.append(table(["target", "measured", "met"],
                            [[t["target"], t["measured"], "yes" if t["pass"] else "**no**"]
                             for t in s["targets"]]))  # fmt: skip
     return "\n\n".join(p for p in parts if p)
+
+
+def cell_digest(cell: dict[str, Any]) -> dict[str, Any]:
+    """One cell's key numbers, for a summary file (the raw cell keeps every phase)."""
+    out = {k: cell.get(k) for k in ("rep", "system", "workload", "startup_s", "loadavg_1m")}
+    if "error" in cell:
+        return {**out, "error": cell["error"]}
+    m, o = cell["max"], cell["open"]
+    return {**out, "max_rps": m["rps"], "concurrency": m["concurrency"],
+            "server_cpu_ms_per_req_at_max": m.get("server_cpu_ms_per_req"),
+            "client_cores_at_max": m.get("client_cores"), "mean_batch": m.get("mean_batch"),
+            "other_cores_at_max": _other_cores(cell), "half_load_rps": o["rate_rps"],
+            "half_load_p99_ms": o.get("p99_ms")}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="render serving.py results again")
+    parser.add_argument("results", type=Path)
+    parser.add_argument(
+        "--summary-out",
+        type=Path,
+        help="write machine, settings, summary and a digest of every cell",
+    )
+    args = parser.parse_args()
+    doc = json.loads(args.results.read_text())
+    print(render(doc))
+    if args.summary_out:
+        small = {k: doc[k] for k in ("date", "machine", "settings", "notes", "summary")}
+        small["cells"] = [cell_digest(c) for c in doc["cells"]]
+        args.summary_out.write_text(json.dumps(small, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

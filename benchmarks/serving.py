@@ -56,6 +56,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from loadgen import merge_results, split_command
 from report import machine_info, render, summarize_runs
 from systems import (
     ChildProcess,
@@ -182,12 +183,33 @@ def baseline_source(ref: str, run_dir: Path) -> Path:
     return out
 
 
+class LoadGenerators:
+    """`procs` load-generator processes (`loadgen.py`) sharing every command: a closed
+    loop's concurrency and an open loop's arrivals are split over them and their answers
+    merged (`split_command`, `merge_results`); a sequential command goes to the first."""
+
+    def __init__(self, procs: int, run_dir: Path) -> None:
+        self.children = [ChildProcess([sys.executable, str(HERE / "loadgen.py")],
+                                      stderr_path=run_dir / f"loadgen-{i}.log")
+                         for i in range(procs)]  # fmt: skip
+
+    def request(self, command: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        parts = split_command(command, len(self.children))
+        busy = self.children[: len(parts)]
+        for child, part in zip(busy, parts, strict=True):
+            child.send(part)
+        return merge_results([child.read(timeout_s) for child in busy])
+
+    def close(self, grace_s: float) -> None:
+        for child in self.children:
+            child.close(grace_s=grace_s)
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, plan: Plan, run_dir: Path) -> None:
         self.args, self.plan, self.run_dir = args, plan, run_dir
         self.baseline = baseline_source(args.baseline_ref, run_dir) if args.baseline_ref else None
-        self.loadgen = ChildProcess([sys.executable, str(HERE / "loadgen.py")],
-                                    stderr_path=run_dir / "loadgen.log")  # fmt: skip
+        self.loadgen = LoadGenerators(args.client_procs, run_dir)
 
     # ------------------------------------------------------------- one phase
     def phase(self, system: Any, workload: Workload, command: dict[str, Any]) -> dict[str, Any]:
@@ -312,11 +334,15 @@ class Bench:
                     for w in ordered:
                         log(f"rep {rep} {name} {w.name}")
                         record = {"rep": rep, "system": name, "workload": w.name, **info}
+                        load_start = os.getloadavg()[0]
                         if system is not None:
                             try:
                                 record.update(self.cell(system, w))
                             except Exception as exc:
                                 record["error"] = f"{type(exc).__name__}: {exc}"
+                        # The machine's 1-minute load average around the cell (other jobs
+                        # on a shared machine, plus this benchmark's own processes).
+                        record["loadavg_1m"] = {"start": load_start, "end": os.getloadavg()[0]}
                         records.append(record)
                         log(f"  -> {brief(record)}")
                 finally:
@@ -441,6 +467,21 @@ def brief(record: dict[str, Any]) -> str:
             f"{sum(sum(x.get('errors', {}).values()) for x in (s, m, o))}")  # fmt: skip
 
 
+def wait_for_quiet(threshold: float, max_s: float, poll_s: float = 15.0) -> dict[str, Any]:
+    """Wait until the 1-minute load average is below `threshold`, at most `max_s`."""
+    t0 = time.monotonic()
+    before = os.getloadavg()[0]
+    load = before
+    while load >= threshold and time.monotonic() - t0 < max_s:
+        log(f"load average {load:.2f} >= {threshold}: waiting "
+            f"({time.monotonic() - t0:.0f} of at most {max_s:.0f} s)")  # fmt: skip
+        time.sleep(min(poll_s, max(0.0, max_s - (time.monotonic() - t0))))
+        load = os.getloadavg()[0]
+    return {"threshold": threshold, "max_s": max_s, "waited_s": time.monotonic() - t0,
+            "loadavg_before": before, "loadavg_after": load,
+            "reached": load < threshold}  # fmt: skip
+
+
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -464,12 +505,21 @@ def main() -> int:
     parser.add_argument("--routers", default="",
                         help="router counts, e.g. 1,2,4: sloline runs once per count "
                              "(systems sloline-r1, sloline-r2, ...) instead of once")  # fmt: skip
+    parser.add_argument("--client-procs", type=int, default=1, metavar="N",
+                        help="load-generator processes sharing each closed- and open-loop "
+                             "phase (default 1), so the client is not the ceiling")  # fmt: skip
+    parser.add_argument("--wait-load", type=float, metavar="LOAD",
+                        help="before starting, wait until the 1-minute load average is below "
+                             "LOAD (a shared machine), at most --wait-max-s")  # fmt: skip
+    parser.add_argument("--wait-max-s", type=float, default=900.0)
     args = parser.parse_args()
     plan = QUICK if args.quick else FULL
     if args.reps:
         plan = Plan(**{**plan.__dict__, "reps": args.reps})
     default = ("sloline", BASE) if args.baseline_ref else ALL_SYSTEMS
     systems = list(args.systems or (("floor", "sloline") if args.quick else default))
+    if args.client_procs < 1:
+        parser.error("--client-procs must be at least 1")
     if BASE in systems and not args.baseline_ref:
         parser.error(f"{BASE} needs --baseline-ref")
     if args.routers:
@@ -498,7 +548,10 @@ def main() -> int:
                 notes.append(f"{name} skipped: {path} does not exist yet")
             else:
                 workloads.append(example)
+    quiet = wait_for_quiet(args.wait_load, args.wait_max_s) if args.wait_load else None
     machine = machine_info(args.haproxy_binary)
+    if quiet is not None:
+        machine["quiet_wait"] = quiet
     log(f"run dir {run_dir}; systems {systems}; workloads {[w.name for w in workloads]}")
     bench = Bench(args, plan, run_dir)
     cells, hops, echoes = [], [], []
@@ -518,6 +571,7 @@ def main() -> int:
     settings = {"plan": plan.__dict__, "systems": systems, "baseline_ref": args.baseline_ref,
                 "noop_max_batch": args.noop_max_batch,
                 "image_max_batch": args.image_max_batch, "quick": args.quick,
+                "client_procs": args.client_procs,
                 "run_dir": str(run_dir), "wall_s": time.perf_counter() - started}  # fmt: skip
     summary = summarize_runs(cells, hops, echoes)
     doc = {"date": date, "machine": machine, "settings": settings, "notes": notes,
