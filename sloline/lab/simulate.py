@@ -65,8 +65,7 @@ from sloline.tuner.policy import (
     TunerContext,
     TunerSettings,
     decide,
-    effective_rhos,
-    effective_throughputs,
+    effective_rates,
     estimate_load,
 )
 from sloline.tuner.replan import ReplanSettings, choose, plan_recent
@@ -139,19 +138,12 @@ def _tune(
 ) -> Callable[[Observation, float], tuple[Targets, float]]:
     """One tick of the InferLine tuner on ``plan``: :func:`~sloline.tuner.policy.decide`
     on stages with the effective rho_m and mu_m the live loop gives them
-    (:func:`~sloline.tuner.policy.effective_rhos` and ``effective_throughputs``, as
+    (:func:`~sloline.tuner.policy.effective_rates`, as
     :func:`sloline.tuner.sources.stage_tunings`); ``literal`` feeds it §5's rates
     instead of the default estimate."""
     bounds = [problem.replica_bounds(s.name) for s in plan.stages]
     at_floor = [s.replicas <= lo for s, (lo, _) in zip(plan.stages, bounds, strict=True)]
-    planned_rhos = [s.rho for s in plan.stages]
-    rhos = effective_rhos(planned_rhos, at_floor)
-    mus = effective_throughputs(
-        [s.throughput_rps for s in plan.stages],
-        planned_rhos,
-        at_floor,
-        [s.utilisation for s in plan.stages],
-    )
+    rhos, mus = effective_rates(plan.stages, at_floor)
 
     def step(observation: Observation, last_change_s: float) -> tuple[Targets, float]:
         assert observation.envelope is not None  # the engine feeds the plan's windows

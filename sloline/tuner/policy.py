@@ -66,6 +66,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sloline.common.envelope import Envelope, window_sizes
 from sloline.tuner.load_estimate import (
@@ -75,6 +76,9 @@ from sloline.tuner.load_estimate import (
     gaussian_load,
     literal_load,
 )
+
+if TYPE_CHECKING:
+    from sloline.planner.plan import StagePlan
 
 __all__ = [
     "Decision",
@@ -86,6 +90,7 @@ __all__ = [
     "TunerOutcome",
     "TunerSettings",
     "decide",
+    "effective_rates",
     "effective_rhos",
     "effective_throughputs",
     "estimate_load",
@@ -399,6 +404,24 @@ def effective_throughputs(
             throughputs, rhos, eff, at_floor, utilisations, strict=True
         )
     ]
+
+
+def effective_rates(
+    stages: Sequence[StagePlan], at_floor: Sequence[bool]
+) -> tuple[list[float], list[float]]:
+    """(rho_m, mu_m) per planned stage for the tuner, the embedded, Kubernetes and lab
+    loops alike: :func:`effective_rhos` and :func:`effective_throughputs` of the plan's
+    rho, throughput and busy fraction, ``at_floor`` saying which stages are planned at
+    their replica floor."""
+    planned_rhos = [s.rho for s in stages]
+    rhos = effective_rhos(planned_rhos, at_floor)
+    mus = effective_throughputs(
+        [s.throughput_rps for s in stages],
+        planned_rhos,
+        at_floor,
+        [s.utilisation for s in stages],
+    )
+    return rhos, mus
 
 
 def scale_down(

@@ -46,8 +46,8 @@ from sloline.tuner.policy import (
     TunerOutcome,
     TunerSettings,
     decide,
+    effective_rates,
     effective_rhos,
-    effective_throughputs,
 )
 from sloline.tuner.reference import PlanningReference
 
@@ -332,14 +332,7 @@ def stage_tunings(
     spec = {s.name: s for s in stages}
     floors = [spec[s.name].min_replicas or 1 for s in plan.stages]
     at_floor = [s.replicas <= floor for s, floor in zip(plan.stages, floors, strict=True)]
-    planned_rhos = [s.rho for s in plan.stages]
-    rhos = effective_rhos(planned_rhos, at_floor)
-    mus = effective_throughputs(
-        [s.throughput_rps for s in plan.stages],
-        planned_rhos,
-        at_floor,
-        [s.utilisation for s in plan.stages],
-    )
+    rhos, mus = effective_rates(plan.stages, at_floor)
     return [
         StageTuning(
             name=s.name,

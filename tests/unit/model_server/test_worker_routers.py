@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from sloline.serving.app import RouterApp
 from sloline.serving.router import RouterSettings
 from sloline.serving.server import ServerSettings
 from sloline.spec import load_pipeline
+from tests.support.aio import wait_until
 from tests.support.serve import NOOP
 
 
@@ -38,15 +38,6 @@ async def test_resolve_returns_every_address_of_a_name() -> None:
     assert [f.split(" (")[0] for f in failed] == ["no-such-router.invalid:8003 does not resolve"]
     addresses, failed = await resolve(("127.0.0.1:1", "no-such-router.invalid:8003"))
     assert addresses == {"127.0.0.1:1"} and len(failed) == 1
-
-
-async def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_worker_follows_routers_that_come_and_go(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,7 @@ from sloline.serving.app import RouterApp
 from sloline.serving.router import RouterSettings
 from sloline.serving.server import ServerSettings
 from sloline.spec import load_pipeline
+from tests.support.aio import wait_until
 from tests.support.net import free_port
 from tests.support.serve import NOOP, SLEEPY
 
@@ -55,15 +56,6 @@ def post(connection: http.client.HTTPConnection, rows: int) -> tuple[int, str]:
     response = connection.getresponse()
     response.read()
     return response.status, (response.getheader("connection") or "").lower()
-
-
-async def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 @pytest.mark.timeout(60)
