@@ -25,7 +25,6 @@ Usage: ``python benchmarks/gpu_plan.py [--rate 6000] [--slo-ms 50] [--window-ms 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
@@ -42,12 +41,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report import machine_info
+from router_scaling import PERF_ANALYZER, run_perf_analyzer
 from systems import free_port, stop_tree, wait_http
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 IMAGE = ROOT / "examples" / "image-ensemble"
-PERF_ANALYZER = ROOT / ".tools" / "bin" / "perf_analyzer"
 
 
 def log(message: str) -> None:
@@ -101,21 +100,10 @@ def serve(folder: Path, cache: Path, routers: int, rate: float, window_ms: int,
     try:
         wait_http(f"http://127.0.0.1:{port}/v2/health/ready", None, 600, "sloline run")
         time.sleep(2.0)  # every router's workers connected (readiness is per router)
-        csv_path = run_dir / "pa.csv"
-        pa = [str(PERF_ANALYZER), "-m", "gpu-feed", "-i", "http", "-u", f"127.0.0.1:{port}",
-              "--request-rate-range", str(rate), "--request-distribution", "poisson",
-              "--max-threads", "64", "--measurement-interval", str(window_ms),
-              "--stability-percentage", "999", "--max-trials", "3",
-              "-f", str(csv_path)]  # fmt: skip
-        done = subprocess.run(pa, capture_output=True, text=True, timeout=600, check=False)
-        if done.returncode != 0 or not csv_path.exists():
-            errors = [line for line in (done.stdout + done.stderr).splitlines() if "error" in line]
-            record["error"] = errors[-1] if errors else (done.stdout + done.stderr)[-500:]
-        else:
-            (row,) = list(csv.DictReader(csv_path.open()))
-            record.update(rps=float(row["Inferences/Second"]),
-                          p50_ms=int(row["p50 latency"]) / 1e3,
-                          p99_ms=int(row["p99 latency"]) / 1e3)  # fmt: skip
+        flags = ["-m", "gpu-feed", "-i", "http", "-u", f"127.0.0.1:{port}",
+                 "--request-rate-range", str(rate), "--request-distribution", "poisson",
+                 "--max-threads", "64"]  # fmt: skip
+        record.update(run_perf_analyzer(flags, window_ms, run_dir / "pa.csv"))
     finally:
         stop_tree(proc, 30.0)
     lines = log_path.read_text(errors="replace").splitlines()
@@ -173,7 +161,7 @@ def main() -> int:
         print(f"  {s['name']}: {s['hardware']} batch {s['maxBatch']} x{s['replicas']}")
     for r in served:
         got = (f"P99 {r['p99_ms']:.1f} ms at {r['rps']:.0f} rps" if "p99_ms" in r
-               else f"failed: {r['error'][:200]}")  # fmt: skip
+               else f"failed: {r['error'].strip().splitlines()[-1][:200]}")  # fmt: skip
         print(f"served with {r['routers']} router(s): {got}")
     print(f"\nraw results: {args.out} ({doc['settings']['wall_s']:.0f} s)")
     return 0

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import datetime
 import json
 import os
 import shutil
@@ -46,7 +45,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from report import machine_info, table
+from report import machine_info, save_results, table
 from serving import DIGITS, HERE, NOOP, ROOT, Workload, example_workload, log, make_workload
 from systems import ChildProcess, SlolineSystem
 
@@ -156,15 +155,9 @@ def main() -> int:
                 system.stop()
     finally:
         client.close(grace_s=5.0)
-    machine["loadavg_end"] = list(os.getloadavg())
-    doc = {"date": datetime.date.today().isoformat(), "machine": machine,
-           "settings": {**vars(args), "out": str(args.out), "run_dir": str(run_dir),
-                        "wall_s": time.perf_counter() - started},
-           "records": records}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1, default=str))
+    wall_s = save_results(args.out, args, machine, started, run_dir, records)
     print(render(records))
-    print(f"\nraw results: {args.out} ({doc['settings']['wall_s']:.0f} s)")
+    print(f"\nraw results: {args.out} ({wall_s:.0f} s)")
     return 1 if any("error" in r for r in records) else 0
 
 

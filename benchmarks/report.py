@@ -12,10 +12,12 @@ As a script it renders a results file again and can keep its summary in a small 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
 import subprocess
+import time
 from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
@@ -68,6 +70,27 @@ def machine_info(haproxy_binary: str = "") -> dict[str, Any]:
         "loadavg_start": list(os.getloadavg()),
         "git": _git(),
     }
+
+
+def save_results(
+    out: Path,
+    args: argparse.Namespace,
+    machine: dict[str, Any],
+    started_s: float,
+    run_dir: Path,
+    records: list[dict[str, Any]],
+) -> float:
+    """Write a benchmark's records with the machine, its settings and its wall time (from
+    `started_s`, a `time.perf_counter()`) to `out`; returns that wall time."""
+    machine["loadavg_end"] = list(os.getloadavg())
+    wall_s = time.perf_counter() - started_s
+    doc = {"date": datetime.date.today().isoformat(), "machine": machine,
+           "settings": {**vars(args), "out": str(out), "run_dir": str(run_dir),
+                        "wall_s": wall_s},
+           "records": records}  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, default=str))
+    return wall_s
 
 
 def _git() -> dict[str, Any]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime
 import json
 import os
 import re
@@ -47,7 +46,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from report import machine_info, table
+from report import machine_info, save_results, table
 from systems import CpuMeter, SlolineSystem
 
 HERE = Path(__file__).resolve().parent
@@ -62,16 +61,14 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def perf_analyzer(port: int, elements: int, mode: list[str], window_ms: int,
-                  out: Path) -> dict[str, Any]:  # fmt: skip
-    """One perf_analyzer measurement (`mode`: its concurrency or request-rate flags)."""
-    argv = [str(PERF_ANALYZER), "-m", "noop", "-i", "http", "-u", f"127.0.0.1:{port}",
-            "--shape", f"x:{elements}", "--input-data", "zero",
-            "--measurement-interval", str(window_ms),
-            "--stability-percentage", "999", "--max-trials", "3", "-f", str(out),
-            *mode]  # fmt: skip
+def run_perf_analyzer(flags: list[str], window_ms: int, out: Path) -> dict[str, Any]:
+    """One perf_analyzer measurement over `window_ms` windows (`flags`: the model, URL,
+    and its concurrency or request-rate flags): throughput and latency percentiles, or
+    the error it stopped at."""
+    argv = [str(PERF_ANALYZER), *flags, "--measurement-interval", str(window_ms),
+            "--stability-percentage", "999", "--max-trials", "3", "-f", str(out)]  # fmt: skip
     for _ in range(3):
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
         # Its model-metadata request sometimes fails on a loaded machine before any load
         # is sent ("failed to find the requested model version"): try that again.
         if "requested model version" not in done.stdout + done.stderr:
@@ -82,6 +79,15 @@ def perf_analyzer(port: int, elements: int, mode: list[str], window_ms: int,
     out.unlink()
     return {"rps": float(row["Inferences/Second"]), "p50_ms": int(row["p50 latency"]) / 1e3,
             "p99_ms": int(row["p99 latency"]) / 1e3}  # fmt: skip
+
+
+def perf_analyzer(port: int, elements: int, mode: list[str], window_ms: int,
+                  out: Path) -> dict[str, Any]:  # fmt: skip
+    """The no-op pipeline's zero-filled input of `elements` floats (`mode`: concurrency or
+    request-rate flags)."""
+    flags = ["-m", "noop", "-i", "http", "-u", f"127.0.0.1:{port}", "--shape", f"x:{elements}",
+             "--input-data", "zero", *mode]  # fmt: skip
+    return run_perf_analyzer(flags, window_ms, out)
 
 
 def router_requests(urls: list[str]) -> list[float]:
@@ -204,15 +210,9 @@ def main() -> int:
     pipeline = relaxed_noop(run_dir)
     records = [cell(pipeline, n, payload, args.replicas, args.max_batch, args.window_ms, run_dir)
                for payload in args.payloads for n in counts]  # fmt: skip
-    machine["loadavg_end"] = list(os.getloadavg())
-    doc = {"date": datetime.date.today().isoformat(), "machine": machine,
-           "settings": {**vars(args), "out": str(args.out), "run_dir": str(run_dir),
-                        "wall_s": time.perf_counter() - started},
-           "records": records}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1, default=str))
+    wall_s = save_results(args.out, args, machine, started, run_dir, records)
     print(render(records))
-    print(f"\nraw results: {args.out} ({doc['settings']['wall_s']:.0f} s)")
+    print(f"\nraw results: {args.out} ({wall_s:.0f} s)")
     return 1 if any("max" not in r for r in records) else 0
 
 
