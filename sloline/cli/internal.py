@@ -107,6 +107,13 @@ def _add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     p.add_argument("--threads", type=int, default=1, help="the runtime's threads (default 1)")
     p.add_argument("--cuda-device", type=int, default=None, help="GPU for ONNX/TorchScript")
+    p.add_argument(
+        "--warmup-max-batch",
+        type=int,
+        default=32,
+        help="on a CUDA device, run a batch of every size up to this before serving "
+        "(kernels are chosen per shape on first use; default 32, the profiler's cap)",
+    )
     p.add_argument("--hardware", default="", help="the hardware class it serves on")
     p.add_argument("--worker-id", default="", help="its name in the router's records")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
@@ -211,6 +218,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     routers = router_entries(args.router)
     if not args.resolve_s > 0:
         raise flag_error("--resolve-s", f"must be positive, got {args.resolve_s}")
+    if args.warmup_max_batch < 1:
+        raise flag_error("--warmup-max-batch", f"must be at least 1, got {args.warmup_max_batch}")
     token = worker_token(args.token_file)
     if token is None:
         logging.getLogger(__name__).warning(
@@ -234,6 +243,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             health_port=args.health_port,
             stop_timeout_s=args.stop_timeout_s,
             resolve_s=args.resolve_s,
+            warmup_max_batch=args.warmup_max_batch,
         )
     )
 

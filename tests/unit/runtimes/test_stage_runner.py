@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sloline.model_server.worker import WorkerSettings, warm_up
 from sloline.runtimes import ModelError, StageRunner, load_pipeline_stage, load_stage
 from sloline.runtimes.base import Item
 from sloline.spec import load_pipeline
@@ -165,6 +166,25 @@ def test_warmup_runs_zeros_of_the_declared_shapes(make_stage: StageFactory):
     runner.warmup(batch_size=4)
 
     assert seen == [{"x": ((4, 1, 4, 3), "uint8"), "e": ((4,), "float32")}]
+
+
+@pytest.mark.parametrize(("cuda_device", "sizes"), [(None, [1]), (0, [1, 2, 3, 4, 5])])
+def test_a_worker_on_a_gpu_warms_up_every_batch_size(
+    make_stage: StageFactory, cuda_device: int | None, sizes: list[int]
+):
+    """GPU libraries choose kernels per input shape on first use: a worker on a CUDA
+    device runs a batch of every size up to `warmup_max_batch` before serving; on the
+    CPU one batch of one."""
+    runtime = Recorder(lambda inputs: {"y": np.zeros((len(inputs["x"]), 3))})
+    specs = {"x": TensorSpec(name="x", datatype="FP32", shape=[2])}
+    runner = StageRunner(make_stage(), runtime, specs)
+    settings = WorkerSettings(
+        Path("pipeline.yaml"), "s", (), cuda_device=cuda_device, warmup_max_batch=5
+    )
+
+    warm_up(runner, settings)
+
+    assert [b["x"][0] for b in runtime.batches] == sizes
 
 
 def test_warmup_without_shapes_asks_for_samples(make_stage: StageFactory):
