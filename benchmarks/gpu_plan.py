@@ -8,18 +8,20 @@ second. The catalog offers a 1-core CPU class and the machine's GPU (`cudaDevice
 
 Steps: `sloline plan` (profiles every stage on both classes, measures the serving
 overhead, plans hardware, batch, replicas and routers; its estimated P99 is for Poisson
-arrivals at the spec's rate over a `--duration-s` planning trace, 10 s by default: the
+arrivals at the spec's rate over a `--duration-s` planning trace, 5 s by default: the
 planner simulates every arrival of that trace per estimate, so its time grows with
-rate x duration), then `sloline run` of that plan with the planned router
-count and no tuner, driven open loop with Poisson arrivals at the spec's rate by
-perf_analyzer (C++; `scripts/fetch_perf_analyzer.sh`) over OIP v2 REST. The same plan is
-then served with one router fewer than planned, down to one, at the same rate, as a
-control: perf_analyzer stops at the first failed request, so a configuration that
-sheds load (503) or misses deadlines is reported as such.
+rate x duration), then `sloline run --no-plan` of that plan (its hardware, batch and
+replicas per stage as flags) with the planned router count and no tuner, driven open
+loop with Poisson arrivals at the spec's rate by perf_analyzer (C++;
+`scripts/fetch_perf_analyzer.sh`) over OIP v2 REST. The same plan is then served with
+one router fewer than planned, down to one, at the same rate, as a control:
+perf_analyzer stops at the first failed request, so a configuration that sheds load
+(503) or misses deadlines is reported as such.
 
 Needs a CUDA build of torch and a GPU; writes ``results/gpu_plan.json``.
 
-Usage: ``python benchmarks/gpu_plan.py [--rate 6000] [--slo-ms 50] [--window-ms 5000]``
+Usage: ``python benchmarks/gpu_plan.py [--rate 3000] [--slo-ms 50] [--window-ms 4000]
+[--catalog FILE]``
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ from typing import Any
 
 import yaml
 
+from sloline.backends.local import WORKER_NICE
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report import machine_info
 from router_scaling import PERF_ANALYZER, run_perf_analyzer
-from systems import free_port, stop_tree, wait_http
+from systems import SlolineSystem
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -84,44 +88,45 @@ def sloline(*args: str) -> list[str]:
     return [sys.executable, "-m", "sloline", *args]
 
 
-def serve(folder: Path, cache: Path, routers: int, rate: float, window_ms: int,
+def serve(folder: Path, plan: dict[str, Any], routers: int, rate: float, window_ms: int,
           run_dir: Path) -> dict[str, Any]:  # fmt: skip
-    """`sloline run` of the plan with `routers` routers, measured open loop at `rate`."""
-    port, grpc_port = free_port(), free_port()
-    log_path = run_dir / f"run-r{routers}.log"
-    argv = sloline("run", str(folder / "pipeline.yaml"), "--catalog",
-                   str(folder / "catalog.yaml"), "--cache-dir", str(cache), "--routers",
-                   str(routers), "--no-tuner", "--port", str(port), "--grpc-port",
-                   str(grpc_port), "--status-interval", "0", "--log-dir",
-                   str(run_dir / f"workers-r{routers}"))  # fmt: skip
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+    """`sloline run --no-plan` of `plan` (its hardware, batch and replicas per stage; the
+    workers at `sloline run`'s default priority, which `sloline plan` plans for) with
+    `routers` routers, measured open loop at `rate` once every router has its workers."""
+    stages = plan["stages"]
+    hardware = [f"--hardware={s['name']}={s['hardware']}" for s in stages]
+    system = SlolineSystem(folder / "pipeline.yaml",
+                           {s["name"]: s["maxBatch"] for s in stages}, run_dir,
+                           f"run-r{routers}", routers=routers,
+                           replicas={s["name"]: s["replicas"] for s in stages},
+                           args=["--catalog", str(folder / "catalog.yaml"), *hardware,
+                                 "--worker-nice", str(WORKER_NICE)])  # fmt: skip
     record: dict[str, Any] = {"routers": routers, "rate_rps": rate}
+    system.start(timeout_s=600)
     try:
-        wait_http(f"http://127.0.0.1:{port}/v2/health/ready", None, 600, "sloline run")
-        time.sleep(2.0)  # every router's workers connected (readiness is per router)
-        flags = ["-m", "gpu-feed", "-i", "http", "-u", f"127.0.0.1:{port}",
+        flags = ["-m", "gpu-feed", "-i", "http", "-u", f"127.0.0.1:{system.port}",
                  "--request-rate-range", str(rate), "--request-distribution", "poisson",
-                 "--max-threads", "64"]  # fmt: skip
+                 "--max-threads", "256"]  # fmt: skip
+        # One window first, its result dropped: the first batches (allocations, a new
+        # batch size's first kernels) are not the steady state being measured.
+        record["warmup"] = run_perf_analyzer(flags, 1000, run_dir / "pa.csv")
         record.update(run_perf_analyzer(flags, window_ms, run_dir / "pa.csv"))
     finally:
-        stop_tree(proc, 30.0)
-    lines = log_path.read_text(errors="replace").splitlines()
-    first = next((i for i, line in enumerate(lines) if line.startswith("plan for")), len(lines))
-    last = next((i for i, line in enumerate(lines) if line.startswith("estimated:")), first)
-    record["plan_table"] = lines[first : last + 1]
-    log(f"routers={routers}: {json.dumps({k: v for k, v in record.items() if k != 'plan_table'})}")
+        system.stop()
+    log(f"routers={routers}: {json.dumps(record)[:300]}")
     return record
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rate", type=float, default=6000.0, help="requests per second")
+    parser.add_argument("--rate", type=float, default=3000.0, help="requests per second")
     parser.add_argument("--slo-ms", type=float, default=50.0)
-    parser.add_argument("--window-ms", type=int, default=5000)
-    parser.add_argument("--duration-s", type=float, default=10.0,
+    parser.add_argument("--window-ms", type=int, default=4000)
+    parser.add_argument("--duration-s", type=float, default=5.0,
                         help="the planning trace's length (spec.workload.durationS): the "
                         "planner simulates rate x duration arrivals per estimate")  # fmt: skip
+    parser.add_argument("--catalog", type=Path, help="a hardware catalog to plan with "
+                        "instead of cpu-1 and gpu-0 (CUDA device 0)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=HERE / "results" / "gpu_plan.json")
     args = parser.parse_args()
     if not os.access(PERF_ANALYZER, os.X_OK):
@@ -130,6 +135,8 @@ def main() -> int:
     started = time.perf_counter()
     run_dir = Path(tempfile.mkdtemp(prefix="sloline-gpu-plan-"))
     folder = pipeline_dir(run_dir, args.rate, args.slo_ms, args.duration_s)
+    if args.catalog:
+        shutil.copy(args.catalog, folder / "catalog.yaml")
     cache = run_dir / "profiles"
     log("sloline plan (profiles every stage on cpu-1 and gpu-0) ...")
     planned = subprocess.run(sloline("plan", str(folder / "pipeline.yaml"), "--catalog",
@@ -145,7 +152,7 @@ def main() -> int:
         f"plan ({plan_s:.0f} s): routers {plan['routers']}, P99 {1e3 * plan['p99Seconds']:.1f} ms, "
         f"{[(s['name'], s['hardware'], s['maxBatch'], s['replicas']) for s in plan['stages']]}"
     )
-    served = [serve(folder, cache, n, args.rate, args.window_ms, run_dir)
+    served = [serve(folder, plan, n, args.rate, args.window_ms, run_dir)
               for n in range(plan["routers"], 0, -1)]  # fmt: skip
     doc = {"date": datetime.date.today().isoformat(), "machine": machine_info(""),
            "settings": {**vars(args), "out": str(args.out), "run_dir": str(run_dir),

@@ -7,7 +7,8 @@ the binary tensor extension (zero-filled tensors: random bytes would be NaNs, wh
 sloline refuses). Per router count and payload:
 
 - max throughput: closed loop, the concurrency doubled from 8 per router until the
-  throughput stops rising by 5 %, the best window kept (the pipeline is served from a
+  throughput stops rising by 5 % (up to 128 per router, and at least 512), the best
+  window kept (the pipeline is served from a
   copy with a 30 s SLO, so that deadlines and admission shed nothing at saturation:
   perf_analyzer stops at its first failed request);
 - P99 at 50 % of that max: open loop, Poisson arrivals (perf_analyzer's request-rate mode);
@@ -16,12 +17,14 @@ sloline refuses). Per router count and payload:
 - each router's share of the requests (the kernel spreads connections over the routers'
   SO_REUSEPORT sockets).
 
-The scaling ratio is throughput(N) / (N x throughput(1)); the issue's bar on a machine
-with 16 or more cores is 0.8 up to 8 routers. Workers are `--replicas` per stage
-(default: enough that the stages are not the limit at 8 routers), the same for every N.
+The scaling ratio is throughput(N) / (N x throughput(1)); the bar on a machine with 16
+or more cores is 0.8 up to 8 routers. Workers are `--replicas` per stage, by default
+max(3, N): each worker has one batch in service, and a batch's round trip grows with the
+routers its credit moves between, so a fixed count would make the stages the limit as N
+grows.
 
 Usage: ``python benchmarks/router_scaling.py [--routers 1,2,4,8] [--payloads 64B 602KB]
-[--replicas 3] [--window-ms 4000] [--out PATH]``; writes
+[--replicas N] [--window-ms 4000] [--out PATH]``; writes
 ``results/router_scaling.json`` and prints a markdown table (docs/benchmarks.md,
 "Routers").
 """
@@ -126,7 +129,7 @@ def cell(pipeline: Path, routers: int, payload: str, replicas: int, max_batch: i
         perf_analyzer(system.port, elements, ["--concurrency-range", "8"], 1000, csv_path)  # warm
         best: dict[str, Any] | None = None
         concurrency = 8 * routers
-        while concurrency <= 64 * routers:
+        while concurrency <= max(512, 128 * routers):
             meter = CpuMeter(system.root_pid)
             batches0, shares0 = system.batch_stats(), router_requests(system.metrics_urls)
             meter.start()
@@ -195,7 +198,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--routers", default="1,2,4,8", help="router counts, e.g. 1,2,4,8")
     parser.add_argument("--payloads", nargs="+", default=list(PAYLOADS), choices=list(PAYLOADS))
-    parser.add_argument("--replicas", type=int, default=3, help="workers per stage")
+    parser.add_argument("--replicas", type=int, default=None,
+                        help="workers per stage (default: max(3, routers))")  # fmt: skip
     parser.add_argument("--max-batch", type=int, default=32, help="per stage")
     parser.add_argument("--window-ms", type=int, default=4000)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "router_scaling.json")
@@ -208,7 +212,8 @@ def main() -> int:
     run_dir = Path(tempfile.mkdtemp(prefix="sloline-router-scaling-"))
     machine = machine_info("")
     pipeline = relaxed_noop(run_dir)
-    records = [cell(pipeline, n, payload, args.replicas, args.max_batch, args.window_ms, run_dir)
+    records = [cell(pipeline, n, payload, args.replicas or max(3, n), args.max_batch,
+                    args.window_ms, run_dir)
                for payload in args.payloads for n in counts]  # fmt: skip
     wall_s = save_results(args.out, args, machine, started, run_dir, records)
     print(render(records))

@@ -25,6 +25,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,10 +209,12 @@ def wait_http(url: str, body: bytes | None, deadline_s: float, what: str,
 class SlolineSystem:
     def __init__(self, pipeline_file: Path, max_batch: dict[str, int], run_dir: Path,
                  name: str = "sloline", source: Path | None = None,
-                 routers: int = 1, replicas: int = 1) -> None:  # fmt: skip
+                 routers: int = 1, replicas: int | Mapping[str, int] = 1,
+                 args: Sequence[str] = ()) -> None:  # fmt: skip
         """`source`: run the sloline package found there (another build: its router and,
         through the inherited PYTHONPATH, its workers) instead of the importable one;
-        `routers`: `sloline run --routers`; `replicas`: workers per stage."""
+        `routers`: `sloline run --routers`; `replicas`: workers per stage (one count for
+        all, or per stage); `args`: more `sloline run` flags (later ones win)."""
         self.name = name
         self.pipeline_file = pipeline_file
         self.max_batch = max_batch
@@ -219,6 +222,7 @@ class SlolineSystem:
         self.env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
         self.routers = routers
         self.replicas = replicas
+        self.args = list(args)
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = self.grpc_port = 0
         self.metrics_urls: list[str] = []
@@ -235,11 +239,13 @@ class SlolineSystem:
                 "--log-dir", str(self.run_dir / f"{self.name}-workers"),
                 "--routers", str(self.routers)]  # fmt: skip
         for stage, batch in self.max_batch.items():
-            argv += ["--max-batch", f"{stage}={batch}", "--replicas", f"{stage}={self.replicas}"]
-        self.argv = argv
+            replicas = (self.replicas if isinstance(self.replicas, int)
+                        else self.replicas[stage])  # fmt: skip
+            argv += ["--max-batch", f"{stage}={batch}", "--replicas", f"{stage}={replicas}"]
+        self.argv = [*argv, *self.args]
         log_path = self.run_dir / f"{self.name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 (closed with the process)
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                                      env=self.env)  # fmt: skip
         log.close()
         wait_http(f"http://127.0.0.1:{self.port}/v2/health/ready", None, timeout_s, "sloline")
