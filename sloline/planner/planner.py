@@ -373,14 +373,13 @@ def _remove_replica(
     c = config[m]
     name = problem.topology.stages[m]
     batches = problem.batch_options(name, c.hardware) if variant == "sloline" else (c.max_batch,)
-    tried = [
-        (new, evaluator.evaluate(new))
-        for batch in batches
-        for new in [_with(config, m, StageConfig(c.hardware, batch, c.replicas - 1))]
-    ]
-    feasible = [t for t in tried if t[1].feasible]
-    if feasible:
-        return min(feasible, key=lambda t: t[0][m].max_batch)
+    tried = []
+    for batch in sorted(batches):  # the smallest feasible batch wins: stop there
+        new = _with(config, m, StageConfig(c.hardware, batch, c.replicas - 1))
+        verdict = evaluator.evaluate(new)
+        if verdict.feasible:
+            return new, verdict
+        tried.append((new, verdict))
     if variant == "inferline":
         return None
     start, _ = min(tried, key=lambda t: (t[1].tail_s, t[0][m].max_batch))
