@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -45,8 +44,7 @@ from sloline.backends.local import WORKER_NICE
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report import machine_info
-from router_scaling import PERF_ANALYZER, run_perf_analyzer
-from systems import SlolineSystem
+from systems import SlolineSystem, have_perf_analyzer, run_perf_analyzer
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -129,8 +127,7 @@ def main() -> int:
                         "instead of cpu-1 and gpu-0 (CUDA device 0)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=HERE / "results" / "gpu_plan.json")
     args = parser.parse_args()
-    if not os.access(PERF_ANALYZER, os.X_OK):
-        print("error: no perf_analyzer: run scripts/fetch_perf_analyzer.sh", file=sys.stderr)
+    if not have_perf_analyzer():
         return 2
     started = time.perf_counter()
     run_dir = Path(tempfile.mkdtemp(prefix="sloline-gpu-plan-"))

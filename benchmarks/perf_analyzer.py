@@ -31,7 +31,6 @@ import argparse
 import csv
 import dataclasses
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -46,12 +45,11 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report import machine_info, save_results, table
-from serving import DIGITS, HERE, NOOP, ROOT, Workload, example_workload, log, make_workload
-from systems import ChildProcess, SlolineSystem
+from serving import DIGITS, HERE, NOOP, Workload, example_workload, log, make_workload
+from systems import PERF_ANALYZER, ChildProcess, SlolineSystem, have_perf_analyzer
 
 from sloline.spec import load_pipeline
 
-PERF_ANALYZER = ROOT / ".tools" / "bin" / "perf_analyzer"
 CLIENTS = ("perf_analyzer http", "perf_analyzer grpc", "loadgen http")
 SHAPES = {"noop-64B": ["--shape", "x:16"]}
 RELAXED_SLO_MS = 30_000
@@ -115,8 +113,7 @@ def main() -> int:
     parser.add_argument("--max-batch", type=int, default=8, help="per stage")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "perf_analyzer.json")
     args = parser.parse_args()
-    if not os.access(PERF_ANALYZER, os.X_OK):
-        print("error: no perf_analyzer: run scripts/fetch_perf_analyzer.sh", file=sys.stderr)
+    if not have_perf_analyzer():
         return 2
     started = time.perf_counter()
     run_dir = Path(tempfile.mkdtemp(prefix="sloline-perf-analyzer-"))

@@ -32,12 +32,9 @@ Usage: ``python benchmarks/router_scaling.py [--routers 1,2,4,8] [--payloads 64B
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,38 +47,17 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report import machine_info, save_results, table
-from systems import CpuMeter, SlolineSystem
+from systems import CpuMeter, SlolineSystem, have_perf_analyzer, run_perf_analyzer
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 NOOP = ROOT / "tests/support/pipelines/noop/pipeline.yaml"
-PERF_ANALYZER = ROOT / ".tools" / "bin" / "perf_analyzer"
 PAYLOADS = {"64B": 16, "602KB": 150528}  # FP32 elements of the no-op input
 STAGES = ("s1", "s2", "s3")
 
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def run_perf_analyzer(flags: list[str], window_ms: int, out: Path) -> dict[str, Any]:
-    """One perf_analyzer measurement over `window_ms` windows (`flags`: the model, URL,
-    and its concurrency or request-rate flags): throughput and latency percentiles, or
-    the error it stopped at."""
-    argv = [str(PERF_ANALYZER), *flags, "--measurement-interval", str(window_ms),
-            "--stability-percentage", "999", "--max-trials", "3", "-f", str(out)]  # fmt: skip
-    for _ in range(3):
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
-        # Its model-metadata request sometimes fails on a loaded machine before any load
-        # is sent ("failed to find the requested model version"): try that again.
-        if "requested model version" not in done.stdout + done.stderr:
-            break
-    if done.returncode != 0 or not out.exists():
-        return {"error": (done.stdout + done.stderr)[-1500:]}
-    (row,) = list(csv.DictReader(out.open()))
-    out.unlink()
-    return {"rps": float(row["Inferences/Second"]), "p50_ms": int(row["p50 latency"]) / 1e3,
-            "p99_ms": int(row["p99 latency"]) / 1e3}  # fmt: skip
 
 
 def perf_analyzer(port: int, elements: int, mode: list[str], window_ms: int,
@@ -204,8 +180,7 @@ def main() -> int:
     parser.add_argument("--window-ms", type=int, default=4000)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "router_scaling.json")
     args = parser.parse_args()
-    if not os.access(PERF_ANALYZER, os.X_OK):
-        print("error: no perf_analyzer: run scripts/fetch_perf_analyzer.sh", file=sys.stderr)
+    if not have_perf_analyzer():
         return 2
     counts = [int(n) for n in args.routers.split(",")]
     started = time.perf_counter()

@@ -14,6 +14,7 @@ controllers, raylets and HAProxy alike.
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import re
@@ -204,6 +205,37 @@ def wait_http(url: str, body: bytes | None, deadline_s: float, what: str,
             last = str(exc)
         time.sleep(0.2)
     raise TimeoutError(f"{what} did not answer 200 at {url} within {deadline_s:.0f} s: {last}")
+
+
+PERF_ANALYZER = HERE.parent / ".tools" / "bin" / "perf_analyzer"
+
+
+def have_perf_analyzer() -> bool:
+    """Whether Triton's perf_analyzer is installed; says how to get it if not."""
+    if os.access(PERF_ANALYZER, os.X_OK):
+        return True
+    print("error: no perf_analyzer: run scripts/fetch_perf_analyzer.sh", file=sys.stderr)
+    return False
+
+
+def run_perf_analyzer(flags: list[str], window_ms: int, out: Path) -> dict[str, Any]:
+    """One perf_analyzer measurement over `window_ms` windows (`flags`: the model, URL,
+    and its concurrency or request-rate flags): throughput and latency percentiles, or
+    the error it stopped at."""
+    argv = [str(PERF_ANALYZER), *flags, "--measurement-interval", str(window_ms),
+            "--stability-percentage", "999", "--max-trials", "3", "-f", str(out)]  # fmt: skip
+    for _ in range(3):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+        # Its model-metadata request sometimes fails on a loaded machine before any load
+        # is sent ("failed to find the requested model version"): try that again.
+        if "requested model version" not in done.stdout + done.stderr:
+            break
+    if done.returncode != 0 or not out.exists():
+        return {"error": (done.stdout + done.stderr)[-1500:]}
+    (row,) = list(csv.DictReader(out.open()))
+    out.unlink()
+    return {"rps": float(row["Inferences/Second"]), "p50_ms": int(row["p50 latency"]) / 1e3,
+            "p99_ms": int(row["p99 latency"]) / 1e3}  # fmt: skip
 
 
 class SlolineSystem:
