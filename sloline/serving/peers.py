@@ -112,6 +112,7 @@ class Peers:
         self._clock = clock
         self._resolved: tuple[tuple[str, ...], float] = ((), float("-inf"))  # (for, when)
         self._addresses: set[str] = set()
+        self._resolving: asyncio.Future[None] | None = None
         self._unresolved: list[str] = []
         self._failing: dict[str, str] = {}  # address -> why, while it fails
 
@@ -126,24 +127,35 @@ class Peers:
 
     async def addresses(self) -> set[str]:
         """The peers' addresses now: resolved again when `resolve_s` old or the entries
-        changed; the last ones found while no entry resolves."""
+        changed (every ask meanwhile waits for that one resolution); the last ones found
+        while no entry resolves."""
         entries, at = self._resolved
-        now = self._clock()
-        if entries != self.entries or now - at >= self.resolve_s:
-            self._resolved = (self.entries, now)
-            try:
-                found, failed = await asyncio.wait_for(resolve(self.entries), self.timeout_s)
-            except TimeoutError:
-                found, failed = None, [f"{', '.join(self.entries)}: no answer in time"]
-            if failed != self._unresolved:  # said when it starts, changes or ends
-                for why in failed:
-                    log.warning("statistics peers: %s; retrying every %.1fs", why, self.resolve_s)
-                if self._unresolved and not failed:
-                    log.info("statistics peers resolve again")
-                self._unresolved = failed
-            if found is not None or entries != self.entries:
-                self._addresses = found or set()
+        if self._resolving is None and (
+            entries != self.entries or self._clock() - at >= self.resolve_s
+        ):
+            self._resolving = asyncio.ensure_future(self._resolve())
+        if self._resolving is not None:
+            await asyncio.shield(self._resolving)  # an ask given up on leaves it running
         return self._addresses - self.own
+
+    async def _resolve(self) -> None:
+        previous, _ = self._resolved
+        entries = self.entries
+        try:
+            found, failed = await asyncio.wait_for(resolve(entries), self.timeout_s)
+        except TimeoutError:
+            found, failed = None, [f"{', '.join(entries)}: no answer in time"]
+        finally:
+            self._resolved = (entries, self._clock())
+            self._resolving = None
+        if failed != self._unresolved:  # said when it starts, changes or ends
+            for why in failed:
+                log.warning("statistics peers: %s; retrying every %.1fs", why, self.resolve_s)
+            if self._unresolved and not failed:
+                log.info("statistics peers resolve again")
+            self._unresolved = failed
+        if found is not None or entries != previous:
+            self._addresses = found or set()
 
     async def gather(self, path: str, use: Callable[[Any], None]) -> int:
         """`GET path` from every peer at once, each within `timeout_s`, and hand each

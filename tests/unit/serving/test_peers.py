@@ -8,12 +8,15 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 import orjson
 import pytest
 
+from sloline.serving.auth import AuthConfigError
 from sloline.serving.peers import Peers, address, get_json, resolve
+from sloline.serving.server import ServerSettings
 from tests.support.net import free_port
 
 Answer = Callable[[], bytes]
@@ -109,6 +112,16 @@ async def test_a_refused_document_counts_as_a_failure_until_it_is_used(
     assert f"statistics peer {at} answers again" in caplog.text
 
 
+async def test_asks_at_once_share_the_first_resolution(peers: Any) -> None:
+    """Two asks at once, before the names were ever resolved: both ask the peer (the
+    second waits for the first one's resolution instead of finding no address yet)."""
+    peer, at = await peers(lambda: http(b"{}"))
+    group = Peers((f"localhost:{at.rsplit(':', 1)[1]}",))
+    used = await asyncio.gather(*(group.gather("/", lambda _: None) for _ in range(3)))
+    assert used == [1, 1, 1]
+    assert len(peer.requests) == 3
+
+
 async def test_own_address_and_no_entries_ask_no_one(peers: Any) -> None:
     me, at = await peers(lambda: http(b"{}"))
     group = Peers((at,))
@@ -143,3 +156,10 @@ async def test_get_json_refuses_an_answer_without_a_sane_length(peers: Any) -> N
     _, huge = await peers(lambda: b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\n\r\n")
     with pytest.raises(Exception, match="Content-Length"):
         await get_json(huge, "/")
+
+
+def test_peers_need_a_metrics_port_to_be_asked_on() -> None:
+    settings = ServerSettings(insecure_workers=True, stats_peers=("10.0.0.2:8002",))
+    with pytest.raises(AuthConfigError, match="metrics-port"):
+        settings.check()
+    replace(settings, metrics_port=8002).check()
