@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -226,3 +227,36 @@ def test_kubernetes_routers_find_their_peers_by_name(tmp_path: Path) -> None:
             process.wait(10)
     for log in logs[:2]:
         assert "left out" not in log.read_text(errors="replace")  # no router asks itself
+
+
+def test_with_tokens_the_client_door_needs_one_and_the_peers_do_not() -> None:
+    """Bearer tokens on: statistics on the client door need the token and still count
+    both routers (the routers fetch each other's documents on the metrics ports, like a
+    Prometheus scrape); the client door does not serve a router's own document."""
+    token = "stats-client-token"  # noqa: S105 (a test token)
+    with BackgroundPipeline(NOOP, routers=2, server={"auth_tokens": (token,)}) as served:
+        http = f"http://{served.http_url}"
+        bearer = {"Authorization": f"Bearer {token}", "Connection": "close"}
+
+        def ask(path: str, data: bytes | None = None, headers: dict[str, str] = bearer) -> Any:
+            request = urllib.request.Request(f"{http}{path}", data=data, headers=headers)
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.loads(response.read())
+
+        for _ in range(20):
+            ask("/v2/models/noop/infer", BODY, bearer | {"Content-Type": "application/json"})
+        metrics = [served.p.metrics_url] + [r.metrics_url for r in served.p.extra_routers]
+        served_by = [
+            by_name(get(f"http://{url}{LOCAL_STATS_PATH}"))["noop"]["execution_count"]
+            for url in metrics
+        ]
+        assert sum(served_by) == 20 and all(served_by), served_by
+        for _ in range(6):
+            assert ask("/v2/models/noop/stats")["model_stats"][0]["execution_count"] == 20
+        for path, headers in (
+            ("/v2/models/noop/stats", {"Connection": "close"}),
+            (LOCAL_STATS_PATH, bearer),
+        ):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                ask(path, headers=headers)
+            assert refused.value.code == (401 if path != LOCAL_STATS_PATH else 404)
