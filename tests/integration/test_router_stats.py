@@ -226,7 +226,9 @@ def test_kubernetes_routers_find_their_peers_by_name(tmp_path: Path) -> None:
             process.kill()
             process.wait(10)
     for log in logs[:2]:
-        assert "left out" not in log.read_text(errors="replace")  # no router asks itself
+        text = log.read_text(errors="replace")
+        assert f"peers   {peers.replace(',', ', ')}" in text  # the start-up banner
+        assert "left out" not in text  # no router asks itself
 
 
 def test_with_tokens_the_client_door_needs_one_and_the_peers_do_not() -> None:
