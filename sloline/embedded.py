@@ -9,6 +9,8 @@ the re-planner and the status); the others are processes of their own
 (`sloline embedded-router`, supervised and restarted by the local backend). All share the
 client HTTP and gRPC ports (SO_REUSEPORT: the kernel spreads connections over them);
 each has a worker port and a metrics port of its own, and every worker dials them all.
+Each router knows the others' metrics ports, where it fetches their Triton statistics to
+answer for the whole pipeline (`sloline.serving.triton_stats`).
 The other routers send their arrival times to router 0 over a pipe, so its envelope (the
 tuner's, the re-planner's and its `/metrics`) counts the pipeline's whole demand.
 """
@@ -332,12 +334,17 @@ class EmbeddedPipeline:
             grpc_port=self.server.grpc_port,
             reuse_port=True,
         )
+        # Every router's metrics port, where the others fetch its Triton statistics.
+        metrics_ports = [free_port(server.host) for _ in range(1, self.settings.routers)]
+        every = [self.app.metrics_url] + [f"{server.host}:{port}" for port in metrics_ports]
+        self.server.triton.peers.entries = tuple(every[1:])
         launches = []
         for i in range(1, self.settings.routers):
             settings = replace(
                 base,
                 worker_port=free_port(server.worker_host),
-                metrics_port=free_port(server.host),
+                metrics_port=metrics_ports[i - 1],
+                stats_peers=tuple(every[:i] + every[i + 1 :]),
             )
             config = log_dir / f"router-{i}.json"
             write_router_config(
@@ -587,6 +594,7 @@ def read_router_config(path: Path) -> RouterConfig:
         if server[name] is not None:
             server[name] = Path(server[name])
     server["auth_tokens"] = tuple(server["auth_tokens"])
+    server["stats_peers"] = tuple(server["stats_peers"])
     server["worker_token"] = os.environ.get(WORKER_TOKEN_ENV) or None
     envelope = doc["plan_envelope"]
     width_s, lookback_s = doc["lambda_windows_s"]

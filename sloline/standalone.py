@@ -6,7 +6,8 @@ ConfigMap; worker pods dial its worker port with the pipeline's worker token
 `RouterApp` without the local backend and the tuner: max batch per stage comes from the
 plan (a stage's `maxBatch` pin wins; without a plan: the pin, else 1), and the router
 knows no desired replica count, so it reports only what it sees: connected workers, and
-their cost at the plan's price per replica.
+their cost at the plan's price per replica. Its peers (`--peers`, the other routers'
+metrics ports) add their counts to its Triton statistics.
 """
 
 from __future__ import annotations
@@ -127,4 +128,6 @@ def describe(app: RouterApp, plan: Plan | None) -> str:
         f"  workers {app.worker_url}  ({workers})",
         f"  metrics http://{app.metrics_url}/metrics",
     ]
+    if s.stats_peers:
+        lines.append(f"  peers   {', '.join(s.stats_peers)}  (Triton statistics add their counts)")
     return "\n".join(lines)

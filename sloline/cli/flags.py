@@ -39,6 +39,18 @@ def assignments(values: Sequence[str], flag: str, kind: type = int) -> dict[str,
     return out
 
 
+def address_entries(flags: list[str], flag: str) -> tuple[str, ...]:
+    """The `host:port` entries of every `flag` given (each comma-separated)."""
+    entries = tuple(e.strip() for value in flags for e in value.split(",") if e.strip())
+    if not entries:
+        raise flag_error(flag, "expected host:port[,host:port...]")
+    for entry in entries:
+        host, _, port_text = entry.rpartition(":")
+        if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise flag_error(flag, f"expected host:port, got {entry!r}")
+    return entries
+
+
 def catalog(args: argparse.Namespace) -> HardwareCatalog:
     """``--catalog``'s hardware classes, else the built-in ones."""
     return load_catalog(args.catalog) if getattr(args, "catalog", None) else DEFAULT_CATALOG

@@ -11,7 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-from sloline.cli.flags import catalog, flag_error, port
+from sloline.cli.flags import address_entries, catalog, flag_error, port
 from sloline.spec import load_pipeline
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -196,18 +196,6 @@ def _add_profile_job_parser(sub: argparse._SubParsersAction[argparse.ArgumentPar
     p.set_defaults(func=cmd_profile_job)
 
 
-def router_entries(flags: list[str]) -> tuple[str, ...]:
-    """The `host:port` entries of every `--router` (each comma-separated)."""
-    routers = tuple(r.strip() for flag in flags for r in flag.split(",") if r.strip())
-    if not routers:
-        raise flag_error("--router", "expected host:port[,host:port...]")
-    for entry in routers:
-        host, _, port_text = entry.rpartition(":")
-        if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise flag_error("--router", f"expected host:port, got {entry!r}")
-    return routers
-
-
 def cmd_worker(args: argparse.Namespace) -> int:
     from sloline.model_server.worker import WorkerSettings
     from sloline.model_server.worker import main as worker_main
@@ -215,7 +203,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     if not 0 <= args.nice <= 19:
         raise flag_error("--nice", f"must be 0-19 (a lower priority), got {args.nice}")
-    routers = router_entries(args.router)
+    routers = address_entries(args.router, "--router")
     if not args.resolve_s > 0:
         raise flag_error("--resolve-s", f"must be positive, got {args.resolve_s}")
     if args.warmup_max_batch < 1:

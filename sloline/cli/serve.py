@@ -18,6 +18,7 @@ from sloline.cli.flags import (
     add_front_door_flags,
     add_limit_flags,
     add_planning_flags,
+    address_entries,
     assignments,
     catalog,
     flag_error,
@@ -140,6 +141,15 @@ def _add_router_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         action="store_true",
         help="without a worker token, accept any worker that dials the worker port "
         "(it receives clients' tensors and answers for the pipeline)",
+    )
+    p.add_argument(
+        "--peers",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="the pipeline's routers' metrics ports, host:port[,host:port...]; repeatable; "
+        "each host is resolved to every address it has (this router's own is skipped): "
+        "Triton's statistics then count every router's requests (default: this one's)",
     )
     add_front_door_flags(p)
     p.add_argument("--queue-capacity", type=int, default=1024, help="items per stage queue")
@@ -360,6 +370,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         worker_port=args.worker_port,
         worker_token=token,
         insecure_workers=token is None,
+        stats_peers=address_entries(args.peers, "--peers") if args.peers else (),
         **front_door(args),
     )
     server.check()

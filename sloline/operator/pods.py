@@ -357,6 +357,9 @@ def render_router(
             "--worker-port": WORKER_PORT,
             "--grpc-max-age-s": ROUTER_GRPC_MAX_AGE_S,
             "--drain-s": ROUTER_DRAIN_S,
+            # The headless Service's name resolves to every router pod: each router adds
+            # the others' Triton statistics (on their metrics ports) to its own.
+            "--peers": f"{worker_service_name(target.name)}:{METRICS_PORT}",
         },
     )
     args += _front_door_args(target, volumes, mounts)

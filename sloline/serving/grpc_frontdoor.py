@@ -179,7 +179,7 @@ class TritonServicer(InferenceServicer):
         self, request: pb.ModelStatisticsRequest, context: Any
     ) -> pb.ModelStatisticsResponse:
         try:
-            return self._triton.statistics_proto(request)
+            return await self._triton.statistics_proto(request)
         except Exception as exc:
             await _fail(context, exc, "ModelStatistics")
 

@@ -54,7 +54,7 @@ from sloline.common.tensors import (
     PayloadTooLarge,
 )
 from sloline.serving import codec, logs, rest_codec, tracing
-from sloline.serving.triton_stats import TritonExtensions, triton_routes
+from sloline.serving.triton_stats import LOCAL_STATS_PATH, TritonExtensions, triton_routes
 
 logger = logging.getLogger(__name__)
 
@@ -278,11 +278,22 @@ def create_http_app(
     return _InferFirst(app, infer)
 
 
-def create_metrics_app(metrics_app: ASGIApp, plane: DataPlane | None = None) -> Starlette:
-    """An app serving `GET /metrics` (the router's separate metrics port) and, given the
+def create_metrics_app(
+    metrics_app: ASGIApp, plane: DataPlane | None = None, triton: TritonExtensions | None = None
+) -> Starlette:
+    """An app serving `GET /metrics` (the router's separate metrics port); given the
     plane, `/v2/health/{live,ready}`: the kubelet probes this plain port when the client
-    doors need TLS client certificates the kubelet does not have."""
+    doors need TLS client certificates the kubelet does not have; given `triton`, this
+    router's own statistics at `LOCAL_STATS_PATH`, which the pipeline's other routers add
+    to theirs (counts of the kind `/metrics` serves beside it)."""
     routes = [Route("/metrics", _AsgiEndpoint(metrics_app), methods=["GET"])]
+    if triton is not None:
+        ext = triton
+
+        async def local_stats(_: Request) -> Response:
+            return _json(ext.local())
+
+        routes.append(Route(LOCAL_STATS_PATH, _guarded(local_stats), methods=["GET"]))
     if plane is not None:
 
         async def live(_: Request) -> Response:

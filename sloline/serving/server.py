@@ -5,7 +5,8 @@ ports default to Triton's (8000 HTTP, 8001 gRPC); port 0 picks a free one (tests
 embedded mode's worker port on loopback), and the bound ports are reported back.
 `/metrics` is on the HTTP port, and also alone on `metrics_port` when one is set
 (Kubernetes: the Service's `metrics` port, which a ServiceMonitor scrapes without
-touching the data plane).
+touching the data plane), beside the router's own Triton statistics, which the
+pipeline's other routers (`stats_peers`) fetch there to answer for the whole pipeline.
 
 Who may connect (docs/operations.md, "Security and threat model"): the worker server
 requires `worker_token` on every call unless `insecure_workers` says otherwise; the
@@ -49,6 +50,7 @@ from sloline.serving.limits import (
     limited_http_protocol,
     raise_fd_limit,
 )
+from sloline.serving.peers import Peers
 from sloline.serving.router import Router
 from sloline.serving.triton_stats import TritonExtensions
 from sloline.serving.workers import add_worker_service
@@ -89,6 +91,10 @@ class ServerSettings:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # require client certificates signed by this CA
     auth_tokens: tuple[str, ...] = ()
+    # The pipeline's other routers' metrics ports (host:port; a name resolves to every
+    # router, this one skipped): Triton's statistics answer for all of them
+    # (`sloline.serving.triton_stats`). Served only with a metrics port.
+    stats_peers: tuple[str, ...] = ()
 
     # Front-door limits (sloline/serving/limits.py; docs/operations.md "Front-door limits").
     max_json_body_bytes: int = DEFAULT_MAX_JSON_BODY_BYTES
@@ -116,6 +122,10 @@ class ServerSettings:
             )
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise AuthConfigError("--tls-client-ca needs TLS on: give --tls-cert and --tls-key")
+        if self.stats_peers and self.metrics_port is None:
+            raise AuthConfigError(
+                "statistics peers ask each other on their metrics ports: give --metrics-port"
+            )
 
     @property
     def tls(self) -> bool:
@@ -174,6 +184,10 @@ class RouterServer:
         self.grpc_port = 0
         self.worker_port = 0
         self.metrics_port: int | None = None
+        # Triton's extensions; their statistics add the peers' (`stats_peers`).
+        self.triton = TritonExtensions(
+            router, router.name, router.triton_stats, Peers(settings.stats_peers)
+        )
         self._grpc: grpc.aio.Server | None = None
         self._workers: grpc.aio.Server | None = None
         self._http: list[_UvicornServer] = []  # the client door first, then metrics
@@ -232,7 +246,7 @@ class RouterServer:
             interceptors=clients,
             maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
         )
-        triton = TritonExtensions(self.router, self.router.name, self.router.triton_stats)
+        triton = self.triton
         add_inference_service(self._grpc, self.router, triton)
         address = f"{s.host}:{s.grpc_port}"
         if s.tls:
@@ -259,8 +273,9 @@ class RouterServer:
         if s.metrics_port is not None:
             scrape = replace(http_limits, max_connections=METRICS_MAX_CONNECTIONS)
             self.metrics_port = await self._serve_http(
-                create_metrics_app(metrics, self.router), s.metrics_port, "metrics", scrape
+                create_metrics_app(metrics, self.router, triton), s.metrics_port, "metrics", scrape
             )
+            triton.peers.set_own(s.host, self.metrics_port)
         self._expiry = asyncio.create_task(self.router.expire_queued())
 
     async def _serve_http(

@@ -33,10 +33,21 @@ request in it):
 
 Counting costs the request path one dictionary update per answered request and per
 batch that comes back; queue waits are read from the metrics' series when asked for.
+
+Many routers (`sloline run --routers N`, or a router Deployment of N replicas): each
+counts what it served, and serves its own document (every model, with a random id of
+the router) at `LOCAL_STATS_PATH` on its metrics port. Asked for statistics, a router
+fetches its peers' documents (`peers.Peers`: every peer at once, about a second at most)
+and answers with the sum (`add_statistics`), so any router gives the pipeline's totals,
+which only grow while every router answers. A peer that does not answer is left out
+of that answer (logged when it starts and stops failing), and a router that restarts
+starts its counts from 0.
 """
 
 from __future__ import annotations
 
+import copy
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -47,11 +58,17 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sloline.common.tensors import DataPlane, InvalidInput
+from sloline.serving.peers import Peers
 from sloline.serving.proto import grpc_service_pb2 as pb
 
 Handler = Callable[[Request], Awaitable[Response]]
 
+# A router's own statistics document, on its metrics port (`create_metrics_app`).
+LOCAL_STATS_PATH = "/sloline/router-stats"
+
 _ZERO = {"count": 0, "ns": 0}
+_BATCH_FIELDS = ("compute_input", "compute_infer", "compute_output")
+_KEYS = ("name", "version", "batch_size")  # what an entry is, not what it counts
 
 
 class QueueWaits(Protocol):
@@ -189,6 +206,64 @@ class TritonStats:
         }
 
 
+def add_statistics(total: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
+    """`total` plus another router's statistics document (`{"model_stats": [...]}`), as
+    a new document: per model (by name) every count and ns summed, `last_inference` the
+    later, `batch_stats` added by batch size. The models, their fields and their order
+    are `total`'s: a model or field `other` lacks adds nothing, one only it has is left
+    out (routers of two sloline versions still add up). ValueError when `other` is not
+    such a document (a number where `total` has a number, and so on)."""
+    out = copy.deepcopy(dict(total))
+    by_name = {entry["name"]: entry for entry in out["model_stats"]}
+    entries = other["model_stats"]
+    if not isinstance(entries, list):
+        raise ValueError("model_stats is not a list")
+    for entry in entries:
+        into = by_name.get(_field(entry, "name", str))
+        if into is not None:
+            _add(into, entry)
+    return out
+
+
+def _field(doc: Any, key: str, kind: type) -> Any:
+    if not isinstance(doc, dict):
+        raise ValueError(f"{type(doc).__name__} where an object belongs")
+    value = doc[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"{key}: {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+def _add(into: dict[str, Any], other: Any) -> None:
+    """Add `other`'s numbers into `into`'s, field by field (`into` names the fields)."""
+    if not isinstance(other, dict):
+        raise ValueError(f"{type(other).__name__} where an object belongs")
+    for key, mine in into.items():
+        if key not in other or key in _KEYS:
+            continue
+        if key == "batch_stats":
+            into[key] = _add_batches(mine, other[key])
+        elif isinstance(mine, dict):
+            _add(mine, other[key])
+        elif key == "last_inference":
+            into[key] = max(mine, _field(other, key, int))
+        else:
+            into[key] = mine + _field(other, key, int)
+
+
+def _add_batches(mine: list[dict[str, Any]], other: Any) -> list[dict[str, Any]]:
+    if not isinstance(other, list):
+        raise ValueError("batch_stats is not a list")
+    by_size = {b["batch_size"]: b for b in mine}
+    for batch in other:
+        size = _field(batch, "batch_size", int)
+        into = by_size.get(size)
+        if into is None:
+            into = by_size[size] = {"batch_size": size, **{f: dict(_ZERO) for f in _BATCH_FIELDS}}
+        _add(into, batch)
+    return [by_size[size] for size in sorted(by_size)]
+
+
 def model_config(
     plane: DataPlane, name: str, version: str = "", max_batch_size: int = 1
 ) -> dict[str, Any]:
@@ -221,29 +296,55 @@ NOT_SUPPORTED = "sloline serves a fixed pipeline: model load and unload are not 
 
 
 class TritonExtensions:
-    """The extensions' documents for the pipeline `name` served by `plane`."""
+    """The extensions' documents for the pipeline `name` served by `plane`; statistics
+    summed with those of the pipeline's other routers, `peers` (module docstring)."""
 
-    def __init__(self, plane: DataPlane, name: str, stats: TritonStats) -> None:
+    def __init__(
+        self, plane: DataPlane, name: str, stats: TritonStats, peers: Peers | None = None
+    ) -> None:
         self.plane = plane
         self.name = name
         self.stats = stats
+        self.peers = peers or Peers()
+        self.id = secrets.token_hex(8)  # tells this router's own document from its peers'
 
     def config(self, name: str, version: str = "") -> dict[str, Any]:
         return model_config(self.plane, name, version, self.stats.max_batch_size)
 
-    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """All models' statistics (the pipeline's, then its stages'), or `name`'s (at
-        `version`) when given: the pipeline's or a stage's."""
+    def local(self) -> dict[str, Any]:
+        """This router's own counts of every model (the pipeline's, then its stages'),
+        with its id: what it serves its peers at `LOCAL_STATS_PATH`."""
         latest = self.plane.model_metadata(self.name).versions[-1]
         stats = self.stats
-        if name and name != self.name and name in stats.stage_batches:
-            self.plane.check_model(self.name, version)  # the version, as the pipeline's
-            return {"model_stats": [stats.stage_json(name, latest)]}
-        if name:
-            self.plane.check_model(name, version)
-            return {"model_stats": [stats.to_json(self.name, latest)]}
         stages = [stats.stage_json(s, latest) for s in stats.stage_batches if s != self.name]
-        return {"model_stats": [stats.to_json(self.name, latest), *stages]}
+        return {"router": self.id, "model_stats": [stats.to_json(self.name, latest), *stages]}
+
+    async def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """All models' statistics (the pipeline's, then its stages'), or `name`'s (at
+        `version`) when given: the pipeline's or a stage's; summed over every router
+        that answers."""
+        wanted = ""
+        if name and name != self.name and name in self.stats.stage_batches:
+            self.plane.check_model(self.name, version)  # the version, as the pipeline's
+            wanted = name
+        elif name:
+            self.plane.check_model(name, version)
+            wanted = self.name
+        total = self.local()
+        seen = {self.id}
+
+        def add(doc: Any) -> None:
+            nonlocal total
+            router = _field(doc, "router", str)
+            if router not in seen:  # this router, or one reached by two addresses
+                total = add_statistics(total, doc)
+                seen.add(router)
+
+        await self.peers.gather(LOCAL_STATS_PATH, add)
+        entries = total["model_stats"]
+        if wanted:
+            entries = [next(e for e in entries if e["name"] == wanted)]
+        return {"model_stats": entries}
 
     def index(self) -> list[dict[str, str]]:
         state = "READY" if self.plane.ready() else "UNAVAILABLE"
@@ -260,8 +361,10 @@ class TritonExtensions:
         config = json_format.ParseDict(doc, pb.ModelConfig(), ignore_unknown_fields=True)
         return pb.ModelConfigResponse(config=config)
 
-    def statistics_proto(self, request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
-        doc = self.statistics(request.name, request.version)
+    async def statistics_proto(
+        self, request: pb.ModelStatisticsRequest
+    ) -> pb.ModelStatisticsResponse:
+        doc = await self.statistics(request.name, request.version)
         out = pb.ModelStatisticsResponse()
         json_format.ParseDict(doc, out, ignore_unknown_fields=True)
         return out
@@ -287,7 +390,8 @@ def triton_routes(
         return json(ext.config(request.path_params["name"], _version(request)))
 
     async def statistics(request: Request) -> Response:
-        return json(ext.statistics(request.path_params.get("name", ""), _version(request)))
+        name = request.path_params.get("name", "")
+        return json(await ext.statistics(name, _version(request)))
 
     async def index(_: Request) -> Response:
         return json(ext.index())

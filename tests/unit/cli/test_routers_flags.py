@@ -1,4 +1,4 @@
-"""`sloline worker --router` entries and `sloline run --routers`."""
+"""`sloline worker --router` and `sloline router --peers` entries, `sloline run --routers`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sloline.cli.internal import router_entries
+from sloline.cli.flags import address_entries
 from sloline.cli.parser import build_parser
 from sloline.cli.serve import _planned_routers, _routers
 from sloline.spec import PipelineError
@@ -16,14 +16,27 @@ from sloline.spec import PipelineError
 def test_router_takes_comma_separated_entries_and_repeats() -> None:
     flags = ["--router", "a:1, b:2", "--router", "[::1]:3"]
     args = build_parser().parse_args(["worker", "--pipeline", "p.yaml", "--stage", "s", *flags])
-    assert router_entries(args.router) == ("a:1", "b:2", "[::1]:3")
+    assert address_entries(args.router, "--router") == ("a:1", "b:2", "[::1]:3")
     assert args.resolve_s == 2.0
 
 
 @pytest.mark.parametrize("bad", ["a", "a:", ":1", "a:0", "a:70000", "a:x", ","])
 def test_a_bad_router_entry_is_named(bad: str) -> None:
     with pytest.raises(PipelineError, match="--router"):
-        router_entries([bad])
+        address_entries([bad], "--router")
+
+
+def test_router_takes_its_peers_metrics_ports() -> None:
+    flags = ["--peers", "p-router-workers:8002", "--peers", "10.0.0.2:8002,10.0.0.3:8002"]
+    args = build_parser().parse_args(["router", "--pipeline", "p.yaml", *flags])
+    assert address_entries(args.peers, "--peers") == (
+        "p-router-workers:8002",
+        "10.0.0.2:8002",
+        "10.0.0.3:8002",
+    )
+    assert build_parser().parse_args(["router", "--pipeline", "p.yaml"]).peers == []
+    with pytest.raises(PipelineError, match="--peers"):
+        address_entries(["p-router-workers"], "--peers")
 
 
 def run_args(*flags: str) -> argparse.Namespace:

@@ -186,7 +186,7 @@ def test_contract_commands_ports_and_mounts() -> None:
     assert " ".join(router["args"]) == (
         "router --pipeline /etc/sloline/pipeline.yaml --plan /etc/sloline/plan.json "
         "--host $(POD_IP) --port 8000 --grpc-port 8001 --metrics-port 8002 --worker-port 8003 "
-        "--grpc-max-age-s 10 --drain-s 15"
+        "--grpc-max-age-s 10 --drain-s 15 --peers noop-router-workers:8002"
     )
     assert router["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert router["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
@@ -272,6 +272,9 @@ def test_many_routers_roll_one_at_a_time_behind_ready_only_services() -> None:
         assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     (worker,) = containers(find(objects, "Deployment", "noop-s2"))
     assert worker["args"][worker["args"].index("--router") + 1] == "noop-router-workers:8003"
+    # Each router finds the others (for Triton's statistics) the way workers find them:
+    # by the headless name, on their metrics ports.
+    assert args[args.index("--peers") + 1] == "noop-router-workers:8002"
     # The NetworkPolicy still admits only the pipeline's workers to the worker port.
     policy = find(objects, "NetworkPolicy", "noop-router")["spec"]
     assert policy["podSelector"] == deployment["spec"]["selector"]
@@ -289,6 +292,10 @@ def test_many_routers_roll_one_at_a_time_behind_ready_only_services() -> None:
     ]
     assert all("from" not in r and 8003 not in {p["port"] for p in r["ports"]}
                for r in policy["ingress"] if r is not worker_rule)  # fmt: skip
+    # ... and lets the routers reach each other's metrics port.
+    assert any(
+        8002 in {p["port"] for p in r["ports"]} for r in policy["ingress"] if "from" not in r
+    )
     one = find(everything(t, OperatorSettings(), "cpu-1"), "Deployment", "noop-router")
     assert one["spec"]["replicas"] == 1
 

@@ -1,10 +1,16 @@
 """Triton's statistics documents from the router's counts: the pipeline as one model,
-each stage as a model of its own, batch sizes counted exactly."""
+each stage as a model of its own, batch sizes counted exactly; several routers'
+documents added up."""
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
+import pytest
+
 from sloline.serving.metrics import LATENCY_BUCKETS_S, Series
-from sloline.serving.triton_stats import TritonStats
+from sloline.serving.triton_stats import TritonStats, add_statistics
 
 
 def _stats() -> TritonStats:
@@ -55,3 +61,77 @@ def test_stage_entries_count_batches_by_size() -> None:
     ]
     assert [(x["batch_size"], x["compute_infer"]["count"]) for x in b["batch_stats"]] == [(4, 1)]
     assert stats.max_batch_size == 8
+
+
+def _document(stats: TritonStats, router: str) -> dict[str, Any]:
+    ext_entries = [stats.to_json("p", "1"), stats.stage_json("a", "1"), stats.stage_json("b", "1")]
+    return {"router": router, "model_stats": ext_entries}
+
+
+def test_routers_documents_add_up_model_by_model() -> None:
+    one = _stats()
+    other = TritonStats({"a": Series(LATENCY_BUCKETS_S), "b": Series(LATENCY_BUCKETS_S)})
+    other.queue_waits["a"].observe(0.001)
+    other.batch("a", 2, 0.006)  # a size only this router saw
+    other.batch("a", 1, 0.002)
+    other.success(0.040, 2)
+    other.last_inference_ms = one.last_inference_ms + 5
+    mine, theirs = _document(one, "r0"), _document(other, "r1")
+    before = copy.deepcopy(mine)
+    total = add_statistics(mine, theirs)
+    assert mine == before  # a new document; neither input changes
+    assert total["router"] == "r0"
+    p, a, b = total["model_stats"]
+    assert [e["name"] for e in total["model_stats"]] == ["p", "a", "b"]
+    assert p["execution_count"] == 4 and p["inference_count"] == 6
+    assert p["last_inference"] == one.last_inference_ms + 5  # the later, not the sum
+    assert p["inference_stats"]["success"] == {"count": 4, "ns": 220_000_000}
+    assert p["inference_stats"]["fail"] == {"count": 1, "ns": 500_000_000}
+    assert p["inference_stats"]["queue"] == {"count": 4, "ns": 16_000_000}
+    assert [(x["batch_size"], x["compute_infer"]) for x in p["batch_stats"]] == [
+        (1, {"count": 2, "ns": 110_000_000}),
+        (2, {"count": 2, "ns": 110_000_000}),
+    ]
+    assert a["inference_count"] == 4 + 3 and a["execution_count"] == 2 + 2
+    assert [(x["batch_size"], x["compute_infer"]["count"]) for x in a["batch_stats"]] == [
+        (1, 2),
+        (2, 1),
+        (3, 1),
+    ]
+    assert all(x[f]["count"] for x in a["batch_stats"] for f in ("compute_input", "compute_output"))
+    assert b == mine["model_stats"][2] | {"last_inference": p["last_inference"]}
+    # Adding is order-free in the numbers: the other way round gives the same counts.
+    reverse = add_statistics(theirs, mine)
+    assert reverse["model_stats"] == total["model_stats"]
+
+
+def test_a_model_or_field_only_one_side_has_adds_nothing() -> None:
+    mine = _document(_stats(), "r0")
+    theirs = copy.deepcopy(mine)
+    theirs["model_stats"].append({"name": "new-stage", "execution_count": 9})
+    del theirs["model_stats"][0]["inference_stats"]["cache_hit"]
+    theirs["model_stats"][0]["inference_stats"]["extra"] = {"count": 1, "ns": 1}
+    total = add_statistics(mine, theirs)
+    assert [e["name"] for e in total["model_stats"]] == ["p", "a", "b"]
+    inference = total["model_stats"][0]["inference_stats"]
+    assert "extra" not in inference and inference["cache_hit"] == {"count": 0, "ns": 0}
+    assert inference["success"]["count"] == 6
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {},
+        {"model_stats": {}},
+        {"model_stats": [7]},
+        {"model_stats": [{"name": "p", "execution_count": "3"}]},
+        {"model_stats": [{"name": "p", "execution_count": True}]},
+        {"model_stats": [{"name": "p", "inference_stats": []}]},
+        {"model_stats": [{"name": "p", "batch_stats": {}}]},
+        {"model_stats": [{"name": "p", "batch_stats": [{"batch_size": "1"}]}]},
+    ],
+)
+def test_a_document_that_is_not_statistics_is_refused(broken: dict[str, Any]) -> None:
+    mine = _document(_stats(), "r0")
+    with pytest.raises((ValueError, KeyError)):
+        add_statistics(mine, broken)
