@@ -224,12 +224,7 @@ def run_perf_analyzer(flags: list[str], window_ms: int, out: Path) -> dict[str, 
     the error it stopped at."""
     argv = [str(PERF_ANALYZER), *flags, "--measurement-interval", str(window_ms),
             "--stability-percentage", "999", "--max-trials", "3", "-f", str(out)]  # fmt: skip
-    for _ in range(3):
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
-        # Its model-metadata request sometimes fails on a loaded machine before any load
-        # is sent ("failed to find the requested model version"): try that again.
-        if "requested model version" not in done.stdout + done.stderr:
-            break
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0 or not out.exists():
         return {"error": (done.stdout + done.stderr)[-1500:]}
     (row,) = list(csv.DictReader(out.open()))

@@ -30,7 +30,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from sloline.model_server.credit import CreditLedger
 from sloline.model_server.health import HealthServer, HealthState
 from sloline.runtimes import StageRunner, load_pipeline_stage
 from sloline.serving import auth, process, tracing, wire
+from sloline.serving.peers import resolve
 from sloline.serving.proto import worker_pb2 as pb
 from sloline.spec import load_pipeline
 
@@ -330,28 +330,6 @@ _WRITE_FAILED = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidState
 
 class _Refused(Exception):
     """The router refused this worker (its Welcome carried an error)."""
-
-
-async def resolve(routers: tuple[str, ...]) -> tuple[set[str] | None, list[str]]:
-    """Every address the `host:port` entries resolve to (all of them: a headless Service
-    or a hosts entry with several records names several routers), as `host:port`, or
-    None when none resolves now (the worker keeps the routers it has and tries again);
-    and why each entry that does not resolve does not."""
-    loop = asyncio.get_running_loop()
-    addresses: set[str] = set()
-    failed = []
-    for entry in routers:
-        host, _, port = entry.rpartition(":")
-        host = host.strip("[]")
-        try:
-            infos = await loop.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
-        except (OSError, ValueError) as exc:
-            failed.append(f"{entry} does not resolve ({exc})")
-            continue
-        for family, _, _, _, sockaddr in infos:
-            ip = str(sockaddr[0])
-            addresses.add(f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}")
-    return (addresses if addresses or not failed else None), failed
 
 
 def die_with_parent(parent_pid: int | None) -> None:

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from sloline.model_server import worker as worker_module
-from sloline.model_server.worker import Worker, WorkerSettings, resolve
+from sloline.model_server.worker import Worker, WorkerSettings
 from sloline.runtimes import load_pipeline_stage
 from sloline.serving.app import RouterApp
+from sloline.serving.peers import resolve
 from sloline.serving.router import RouterSettings
 from sloline.serving.server import ServerSettings
 from sloline.spec import load_pipeline
