@@ -138,7 +138,7 @@ def cell(pipeline: Path, routers: int, payload: str, replicas: int, max_batch: i
         rate = round(best["rps"] / 2)
         half = perf_analyzer(system.port, elements,
                              ["--request-rate-range", str(rate), "--request-distribution",
-                              "poisson", "--max-threads", "32"], window_ms, csv_path)  # fmt: skip
+                              "poisson", "--max-threads", "256"], window_ms, csv_path)  # fmt: skip
         half["rate_rps"] = rate
         record["half_load"] = half
         log(f"r{routers} {payload} half load {rate} rps: {json.dumps(half)[:200]}")
