@@ -224,10 +224,10 @@ class PlanningProblem:
         resamples: int = DEFAULT_RESAMPLES,
     ) -> PlanningProblem:
         """The problem a pipeline spec poses: its SLO, allowed hardware (``spec.hardware``,
-        empty = whole catalog) priced by the catalog, and the stages' pins. A router is
-        priced as one core of the catalog's cheapest CPU class per core
-        (:func:`router_price`). A plan must meet the SLO on ``resamples`` resamples of
-        the planning trace as well."""
+        empty = whole catalog) priced and bounded (``devices``) by the catalog, and the
+        stages' pins. A router is priced as one core of the catalog's cheapest CPU class
+        per core (:func:`router_price`). A plan must meet the SLO on ``resamples``
+        resamples of the planning trace as well."""
         spec = graph.pipeline.spec
         allowed = spec.hardware or catalog.names()
         overrides = {
