@@ -13,6 +13,11 @@ At termination the two guarantees of §4.3 hold: (1) if some configuration in th
 space meets the SLO, a valid one is returned (Algorithm 1 reaches the no-queueing
 configuration); (2) no single action lowers the cost without violating the SLO.
 
+Device bounds (:meth:`~sloline.planner.problem.PlanningProblem.fits_devices`: no more
+replicas of a class, over all stages, than it has devices) hold in every configuration:
+the Evaluator counts one beyond them infeasible, and every replica cap, start and move is
+derived from :meth:`~sloline.planner.problem.PlanningProblem.device_room`.
+
 :func:`multi_start` (the default search) adds a way out of Algorithm 2's traps: a second
 descent that first keeps every stage on its hardware, moves that take a replica off (or
 change the class of) the dearest stages at any batch size while the others grow, and
@@ -203,7 +208,9 @@ def initialize(problem: PlanningProblem, evaluator: Evaluator) -> Config:
     growing it can raise the tail. So each hardware class is a start too (every stage that
     may use it on it); the starts are grown in order of their estimated tail, lowest
     first, until one becomes feasible (docs/planner.md, "Guarantees"). With dedicated
-    cores the fastest start has the lowest tail, and this is the paper's Algorithm 1."""
+    cores the fastest start has the lowest tail, and this is the paper's Algorithm 1.
+    Every start fits the device bounds (:func:`_start`); the SLO floor is checked on the
+    fastest hardware regardless of them, the lowest service time of any configuration."""
     _check_service_time(problem, evaluator, _fastest(problem))
     fastest = _start(problem)
     by_price = sorted(problem.hardware_costs, key=lambda hw: (problem.hardware_costs[hw], hw))
