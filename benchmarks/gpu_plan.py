@@ -75,7 +75,7 @@ def pipeline_dir(run_dir: Path, rate: float, slo_ms: float, duration_s: float) -
     (folder / "pipeline.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     catalog = {"classes": [
         {"name": "cpu-1", "costPerHour": 0.05, "embedded": {"threads": 1}},
-        {"name": "gpu-0", "accelerator": "gpu", "costPerHour": 2.50,
+        {"name": "gpu-0", "accelerator": "gpu", "costPerHour": 2.50, "devices": 1,
          "embedded": {"threads": 1, "cudaDevice": 0}},
     ]}  # fmt: skip
     (folder / "catalog.yaml").write_text(yaml.safe_dump(catalog, sort_keys=False))

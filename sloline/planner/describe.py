@@ -115,4 +115,5 @@ def describe(problem: PlanningProblem, evaluator: Evaluator, config: Config) -> 
         router_utilisation=result.router_utilisation,
         resamples=problem.resamples,
         resampled_tail_s=verdict.tail_s if problem.resamples else 0.0,
+        devices=dict(problem.hardware_devices),
     )

@@ -10,7 +10,9 @@ earlier one in one stage only re-simulates that stage and the stages downstream 
 With ``problem.resamples`` a configuration is feasible only where it meets the SLO on the
 planning trace and on each resample of it (:func:`~sloline.planner.workload.resample_arrivals`;
 checked in turn, stopping at the first miss): the planner then plans for the arrival
-process rather than for one sample of it.
+process rather than for one sample of it. A configuration with more replicas of a class
+than the class has devices (:meth:`~sloline.planner.problem.PlanningProblem.fits_devices`)
+is never feasible, whatever its estimate: it cannot run as simulated.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ __all__ = ["Evaluation", "Evaluator"]
 class Evaluation:
     """The estimator's verdict on one configuration."""
 
-    feasible: bool  # tail_s <= SLO
+    feasible: bool  # tail_s <= SLO, on no more replicas of a class than it has devices
     cost_per_hour: float
     tail_s: float  # latency at the SLO percentile: the worst over the traces checked
     p50_s: float  # on the planning trace, as the rest
@@ -90,13 +92,14 @@ class Evaluator:
         result = self.estimate(config)
         tail, p50, p99 = result.percentiles_s((problem.percentile, 50.0, 99.0))
         worst = tail
+        fits = problem.fits_devices(config)
         for workload, cache in self._resampled:
-            if worst > problem.slo_s:
+            if worst > problem.slo_s or not fits:
                 break
             (other,) = self._estimate(config, workload, cache).percentiles_s((problem.percentile,))
             worst = max(worst, other)
         evaluation = Evaluation(
-            feasible=worst <= problem.slo_s,
+            feasible=fits and worst <= problem.slo_s,
             cost_per_hour=problem.cost_per_hour(config),
             tail_s=worst,
             p50_s=p50,

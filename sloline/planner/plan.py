@@ -17,13 +17,16 @@ Tuner quantities, defined so that Algorithms 3 and 4 come out right:
 - ``routers`` is how many routers split the requests (the Kubernetes router Deployment's
   replicas), ``router_throughput_rps`` the requests per second one router's profiled CPU
   serves at the plan's estimated batch sizes (0: the router is not modelled), so that the
-  routers' rho = λ / (routers · μ_router) scales them as Algorithm 3 scales a stage.
+  routers' rho = λ / (routers · μ_router) scales them as Algorithm 3 scales a stage;
+- ``devices`` is the device bound of each allowed class that has one
+  (``PlanningProblem.hardware_devices``): the plan keeps it, and the tuner does too
+  (:func:`sloline.tuner.sources.stage_tunings`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sloline.common.envelope import Envelope
@@ -113,6 +116,9 @@ class Plan:
     resampled_tail_s: float = 0.0
     """The highest latency at the SLO percentile over the planning trace and those
     resamples (<= slo_s; 0 without resamples)."""
+    devices: Mapping[str, int] = field(default_factory=dict)
+    """How many devices each allowed class with a device bound has: the stages together
+    have no more replicas of the class (a class not in it is unbounded)."""
 
     def __post_init__(self) -> None:
         if self.routers < 1:
@@ -136,8 +142,17 @@ class Plan:
                 return stage
         raise KeyError(f"no stage {name!r} in the plan ({[s.name for s in self.stages]})")
 
+    def devices_in_use(self) -> dict[str, int]:
+        """Replicas of each class with a device bound, over all stages (bounded classes
+        the plan uses only)."""
+        used: dict[str, int] = {}
+        for s in self.stages:
+            if s.hardware in self.devices:
+                used[s.hardware] = used.get(s.hardware, 0) + s.replicas
+        return used
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "pipeline": self.pipeline,
             "stages": [s.to_dict() for s in self.stages],
             "sloSeconds": self.slo_s,
@@ -160,6 +175,9 @@ class Plan:
             "resamples": self.resamples,
             "resampledTailSeconds": self.resampled_tail_s,
         }
+        if self.devices:
+            data["devices"] = dict(self.devices)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -186,6 +204,7 @@ class Plan:
             router_utilisation=float(data.get("routerUtilisation", 0.0)),
             resamples=int(data.get("resamples", 0)),
             resampled_tail_s=float(data.get("resampledTailSeconds", 0.0)),
+            devices={str(k): int(v) for k, v in data.get("devices", {}).items()},
         )
 
     def to_table(self) -> str:
@@ -238,6 +257,12 @@ class Plan:
             f"{self.attainment:.2%} of queries within the SLO; holds it up to "
             f"{self.headroom:.2f}x the planned rate"
         )
+        for hw, used in self.devices_in_use().items():
+            if used >= self.devices[hw]:
+                lines.append(
+                    f"device bound: {hw} has devices {self.devices[hw]}, all in use "
+                    "(each replica takes one whole device; the catalog's `devices`)"
+                )
         if self.resamples:
             lines.append(
                 f"on {self.resamples} resamples of the planning trace too: {p} at most "

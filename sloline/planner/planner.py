@@ -13,6 +13,11 @@ At termination the two guarantees of §4.3 hold: (1) if some configuration in th
 space meets the SLO, a valid one is returned (Algorithm 1 reaches the no-queueing
 configuration); (2) no single action lowers the cost without violating the SLO.
 
+Device bounds (:meth:`~sloline.planner.problem.PlanningProblem.fits_devices`: no more
+replicas of a class, over all stages, than it has devices) hold in every configuration:
+the Evaluator counts one beyond them infeasible, and every replica cap, start and move is
+derived from :meth:`~sloline.planner.problem.PlanningProblem.device_room`.
+
 :func:`multi_start` (the default search) adds a way out of Algorithm 2's traps: a second
 descent that first keeps every stage on its hardware, moves that take a replica off (or
 change the class of) the dearest stages at any batch size while the others grow, and
@@ -142,7 +147,7 @@ def _bottleneck(
     best: tuple[float, int] | None = None
     for m, (name, c) in enumerate(zip(problem.topology.stages, config, strict=True)):
         s_m = problem.profile.scale_factors[name]
-        if s_m <= 0.0 or m in frozen or not _can_grow(problem, m, c):
+        if s_m <= 0.0 or m in frozen or not _can_grow(problem, config, m):
             continue
         capacity = c.replicas * problem.stage_profile(name, c.hardware).throughput_rps(c.max_batch)
         key = (capacity / s_m, m)
@@ -151,18 +156,22 @@ def _bottleneck(
     return None if best is None else best[1]
 
 
-def _replica_cap(problem: PlanningProblem, name: str, hardware: str) -> int:
-    """The most replicas the search gives a stage on ``hardware``: its bound, and where the
-    router and workers share the machine's cores (the embedded mode), no more than run at
-    once on those cores; one more would only share them, adding no throughput. Without
-    this cap an unreachable load grew every stage to the bound (256) one estimate at a
-    time, for many minutes, before the planner could say that it is infeasible."""
+def _replica_cap(problem: PlanningProblem, config: Config, m: int, hardware: str) -> int:
+    """The most replicas the search gives stage m of ``config`` on ``hardware``: its bound;
+    where the router and workers share the machine's cores (the embedded mode), no more
+    than run at once on those cores (one more would only share them, adding no
+    throughput: without this cap an unreachable load grew every stage to the bound (256)
+    one estimate at a time, for many minutes, before the planner could say that it is
+    infeasible); and on a class with a device bound, no more than the devices the other
+    stages leave (:meth:`PlanningProblem.device_room`)."""
+    name = problem.topology.stages[m]
     lo, hi = problem.replica_bounds(name)
     cores = _shared_cores(problem)
-    if cores is None:
-        return hi
-    fit = cores // problem.stage_profile(name, hardware).cores
-    return max(lo, min(hi, fit or 1))
+    if cores is not None:
+        fit = cores // problem.stage_profile(name, hardware).cores
+        hi = max(lo, min(hi, fit or 1))
+    room = problem.device_room(config, m, hardware)
+    return hi if room is None else min(hi, room)
 
 
 def _shared_cores(problem: PlanningProblem) -> int | None:
@@ -171,20 +180,22 @@ def _shared_cores(problem: PlanningProblem) -> int | None:
     return overhead.cores if overhead is not None else None
 
 
-def _can_grow(problem: PlanningProblem, m: int, c: StageConfig) -> bool:
-    name = problem.topology.stages[m]
-    return c.replicas < _replica_cap(problem, name, c.hardware) or c.max_batch < max(
+def _can_grow(problem: PlanningProblem, config: Config, m: int) -> bool:
+    name, c = problem.topology.stages[m], config[m]
+    return c.replicas < _replica_cap(problem, config, m, c.hardware) or c.max_batch < max(
         problem.batch_options(name, c.hardware)
     )
 
 
-def _grow(problem: PlanningProblem, m: int, c: StageConfig) -> StageConfig:
-    """Add a replica; at the replica cap, double the batch instead (our extension: it
-    keeps guarantee (1) when a replica bound, absent from the paper, binds)."""
-    name = problem.topology.stages[m]
-    if c.replicas < _replica_cap(problem, name, c.hardware):
-        return replace(c, replicas=c.replicas + 1)
-    return replace(c, max_batch=min(2 * c.max_batch, max(problem.batch_options(name, c.hardware))))
+def _grow(problem: PlanningProblem, config: Config, m: int) -> Config:
+    """Add a replica to stage m; at its replica cap, double the batch instead (our
+    extension: it keeps guarantee (1) when a replica or device bound, absent from the
+    paper, binds)."""
+    name, c = problem.topology.stages[m], config[m]
+    if c.replicas < _replica_cap(problem, config, m, c.hardware):
+        return _with(config, m, replace(c, replicas=c.replicas + 1))
+    cap = max(problem.batch_options(name, c.hardware))
+    return _with(config, m, replace(c, max_batch=min(2 * c.max_batch, cap)))
 
 
 def initialize(problem: PlanningProblem, evaluator: Evaluator) -> Config:
@@ -197,9 +208,11 @@ def initialize(problem: PlanningProblem, evaluator: Evaluator) -> Config:
     growing it can raise the tail. So each hardware class is a start too (every stage that
     may use it on it); the starts are grown in order of their estimated tail, lowest
     first, until one becomes feasible (docs/planner.md, "Guarantees"). With dedicated
-    cores the fastest start has the lowest tail, and this is the paper's Algorithm 1."""
+    cores the fastest start has the lowest tail, and this is the paper's Algorithm 1.
+    Every start fits the device bounds (:func:`_start`); the SLO floor is checked on the
+    fastest hardware regardless of them, the lowest service time of any configuration."""
+    _check_service_time(problem, evaluator, _fastest(problem))
     fastest = _start(problem)
-    _check_service_time(problem, evaluator, fastest)
     by_price = sorted(problem.hardware_costs, key=lambda hw: (problem.hardware_costs[hw], hw))
     starts = list(dict.fromkeys([fastest] + [_start(problem, prefer=hw) for hw in by_price]))
     if len(starts) > 1:  # lowest estimated tail first; ties keep the paper's start first
@@ -212,6 +225,10 @@ def initialize(problem: PlanningProblem, evaluator: Evaluator) -> Config:
     cores = _shared_cores(problem)
     where = f" or on all {cores} cores the workers share" if cores is not None else ""
     more = "give it more cores or faster hardware, " if cores is not None else ""
+    bounded = _device_bounds(problem)
+    if bounded:
+        where += f", on no more replicas of a class than it has devices ({bounded})"
+        more += "raise the classes' devices in the catalog, "
     raise InfeasibleError(
         "ReplicaLimit",
         f"with every stage at its replica bound{where} and at its batch cap the estimated "
@@ -220,18 +237,58 @@ def initialize(problem: PlanningProblem, evaluator: Evaluator) -> Config:
     )
 
 
-def _start(problem: PlanningProblem, prefer: str | None = None) -> Config:
-    """Every stage at batch 1 (or its pinned batch) with the fewest replicas, on ``prefer``
-    where the stage may use it, else on its fastest hardware."""
+def _device_bounds(problem: PlanningProblem) -> str:
+    """The device bounds of the classes any stage may use, for a message ('' if none)."""
+    usable = {hw for name in problem.topology.stages for hw in problem.usable_hardware(name)}
+    return ", ".join(
+        f"{hw}: devices {n}, for all stages together"
+        for hw, n in problem.hardware_devices.items()
+        if hw in usable
+    )
+
+
+def _fastest(problem: PlanningProblem) -> Config:
+    """Every stage at batch 1 with the fewest replicas on its fastest hardware, whatever
+    the device bounds: the lowest service time any configuration has."""
     return tuple(
         StageConfig(
-            hardware=prefer
-            if prefer in problem.usable_hardware(name)
-            else _best_hardware(problem, name),
-            max_batch=problem.override(name).max_batch or 1,
-            replicas=problem.replica_bounds(name)[0],
+            _best_hardware(problem, name),
+            problem.override(name).max_batch or 1,
+            problem.replica_bounds(name)[0],
         )
         for name in problem.topology.stages
+    )
+
+
+def _start(problem: PlanningProblem, prefer: str | None = None) -> Config:
+    """Every stage at batch 1 (or its pinned batch) with the fewest replicas, on ``prefer``
+    where the stage may use it, else on its fastest hardware, within the device bounds
+    (:meth:`PlanningProblem.place`): where stages compete for a class's devices, the stage
+    that loses the most batch-1 latency on its next choice chooses first."""
+    stages = problem.topology.stages
+    options = []
+    for name in stages:
+        ranked = sorted(
+            problem.usable_hardware(name),
+            key=lambda hw: (problem.single_latency_s(name, hw), problem.hardware_costs[hw], hw),
+        )
+        if prefer in ranked:
+            ranked.insert(0, ranked.pop(ranked.index(prefer)))
+        options.append(ranked)
+
+    def loss(m: int) -> float:
+        first, *rest = options[m]
+        if not rest:
+            return math.inf
+        name = stages[m]
+        return problem.single_latency_s(name, rest[0]) - problem.single_latency_s(name, first)
+
+    order = sorted(range(len(stages)), key=lambda m: -loss(m))
+    placed = problem.place(options, order)
+    assert placed is not None, "PlanningProblem checks that the stages fit the devices"
+    return tuple(
+        StageConfig(hw, problem.override(name).max_batch or 1, problem.replica_bounds(name)[0])
+        for name, hw in zip(stages, placed, strict=True)
     )
 
 
@@ -248,7 +305,7 @@ def _grow_until_feasible(
         m = _bottleneck(problem, config, frozen)
         if m is None:
             return None
-        config = _with(config, m, _grow(problem, m, config[m]))
+        config = _grow(problem, config, m)
         if problem.cost_per_hour(config) >= below_cost:
             return None
     return config
@@ -267,8 +324,8 @@ def _grow_tail(
     while not evaluator.feasible(config):
         grown = [
             _with(config, m, replace(c, replicas=c.replicas + 1))
-            for m, (name, c) in enumerate(zip(problem.topology.stages, config, strict=True))
-            if m not in frozen and c.replicas < _replica_cap(problem, name, c.hardware)
+            for m, c in enumerate(config)
+            if m not in frozen and c.replicas < _replica_cap(problem, config, m, c.hardware)
         ]
         affordable = [g for g in grown if problem.cost_per_hour(g) < below_cost - _EPS]
         if not affordable:
@@ -280,9 +337,17 @@ def _grow_tail(
     return config
 
 
-def _next_cheaper(problem: PlanningProblem, name: str, hardware: str) -> str | None:
-    price = problem.hardware_costs[hardware]
-    cheaper = [hw for hw in problem.usable_hardware(name) if problem.hardware_costs[hw] < price]
+def _next_cheaper(problem: PlanningProblem, config: Config, m: int) -> str | None:
+    """The dearest class cheaper than stage m's with devices for its fewest replicas."""
+    name = problem.topology.stages[m]
+    price = problem.hardware_costs[config[m].hardware]
+    lo = problem.replica_bounds(name)[0]
+    cheaper = [
+        hw
+        for hw in problem.usable_hardware(name)
+        if problem.hardware_costs[hw] < price
+        and ((room := problem.device_room(config, m, hw)) is None or room >= lo)
+    ]
     if not cheaper:
         return None
     return min(
@@ -335,7 +400,7 @@ def _downgrade_local(
     name = problem.topology.stages[m]
     budget = config[m].replicas * problem.hardware_costs[config[m].hardware]
     unit = problem.hardware_costs[hardware]
-    lo, hi = problem.replica_bounds(name)[0], _replica_cap(problem, name, hardware)
+    lo, hi = problem.replica_bounds(name)[0], _replica_cap(problem, config, m, hardware)
     if unit > 0.0:
         hi = min(hi, math.ceil(budget / unit) + 1)
         while hi >= lo and round(hi * unit, 9) >= round(budget, 9):
@@ -431,7 +496,7 @@ def _candidates(
                 return _remove_replica(problem, evaluator, config, m, variant)
 
             found.append(_Candidate(cost - unit, "remove-replica", m, remove))
-        cheaper = _next_cheaper(problem, name, c.hardware) if downgrades else None
+        cheaper = _next_cheaper(problem, config, m) if downgrades else None
         if cheaper is not None:
 
             def downgrade(m: int = m, hw: str = cheaper) -> tuple[Config, Evaluation] | None:
@@ -570,7 +635,7 @@ def _moves(problem: PlanningProblem, config: Config, m: int) -> list[Config]:
                 _with(config, m, StageConfig(hw, batch, replicas))
                 for batch in problem.batch_options(name, hw)
             ]
-    return moves
+    return [move for move in moves if problem.fits_devices(move)]
 
 
 def _paired_moves(problem: PlanningProblem, config: Config, m: int) -> list[Config]:
@@ -607,7 +672,7 @@ def _paired_moves(problem: PlanningProblem, config: Config, m: int) -> list[Conf
             price = problem.hardware_costs[option.hardware] - problem.hardware_costs[c.hardware]
             if c.replicas * price < saving - _EPS:
                 moves.append(_with(fewer, j, option))
-    return moves
+    return [move for move in moves if problem.fits_devices(move)]
 
 
 def _ranked(evaluator: Evaluator, config: Config) -> tuple[float, float]:

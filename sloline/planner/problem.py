@@ -10,7 +10,7 @@ catalog, which is what ``sloline plan`` and the operator do.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -61,6 +61,10 @@ class PlanningProblem:
     """Everything one planning run needs.
 
     ``hardware_costs`` maps each allowed hardware class to its price per replica-hour.
+    ``hardware_devices``: how many devices each class with a bound has; each replica
+    takes one whole device, so a configuration has no more replicas of the class, over
+    all its stages together, than that (:meth:`fits_devices`). A class not in it is
+    unbounded.
     ``slo_s`` / ``percentile``: the end-to-end latency objective (P99 by default).
     ``arrivals_s``: the sorted planning trace. ``service`` / ``seed``: estimator mode and
     seed. ``max_replicas``: per-stage replica bound where no override sets one.
@@ -91,6 +95,7 @@ class PlanningProblem:
     router_cost_per_hour: float = 0.0
     max_routers: int = DEFAULT_MAX_ROUTERS
     resamples: int = 0
+    hardware_devices: Mapping[str, int] = field(default_factory=dict)
 
     def __reduce__(self) -> tuple[type[PlanningProblem], tuple[object, ...]]:
         """Picklable (the re-planner plans in another process): plain dicts for the
@@ -113,6 +118,7 @@ class PlanningProblem:
                 self.router_cost_per_hour,
                 self.max_routers,
                 self.resamples,
+                dict(self.hardware_devices),
             ),
         )
 
@@ -144,12 +150,31 @@ class PlanningProblem:
             if not (math.isfinite(cost) and cost >= 0.0):
                 raise ValueError(f"hardware {hw!r}: cost per hour must be >= 0, got {cost!r}")
         object.__setattr__(self, "hardware_costs", MappingProxyType(dict(self.hardware_costs)))
+        object.__setattr__(self, "hardware_devices", MappingProxyType(dict(self.hardware_devices)))
         object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
         unknown = sorted(set(self.overrides) - set(self.topology.stages))
         if unknown:
             raise ValueError(f"overrides for unknown stages {unknown}")
+        self._check_stages()
+
+    def _check_stages(self) -> None:
+        """The device bounds, each stage's options and pins, and some classes the stages
+        may use that fit them all at their fewest replicas."""
+        for hw, devices in self.hardware_devices.items():
+            if hw not in self.hardware_costs:
+                raise ValueError(f"devices for hardware {hw!r}, which is not allowed")
+            if devices < 1:
+                raise ValueError(f"hardware {hw!r}: devices must be >= 1, got {devices}")
         for name in self.topology.stages:
             self._check_stage(name)
+        if self.place([self.usable_hardware(name) for name in self.topology.stages]) is None:
+            bounded = ", ".join(f"{hw}: devices {n}" for hw, n in self.hardware_devices.items())
+            raise ValueError(
+                "the stages at their fewest replicas need more devices than the catalog "
+                f"has ({bounded}; each replica takes one whole device, shared by all "
+                "stages); raise the classes' devices, allow other hardware or lower the "
+                "stages' replicas"
+            )
 
     def _check_stage(self, name: str) -> None:
         usable = self.hardware_options(name)
@@ -166,6 +191,14 @@ class PlanningProblem:
                 f"profiled (usable: {list(usable)})"
             )
         lo, hi = self.replica_bounds(name)
+        candidates = usable if pin.hardware is None else (pin.hardware,)
+        if all(self.hardware_devices.get(hw, lo) < lo for hw in candidates):
+            bounded = ", ".join(f"{hw}: devices {self.hardware_devices[hw]}" for hw in candidates)
+            raise ValueError(
+                f"stage {name!r} needs at least {lo} replicas, more than its hardware has "
+                f"devices ({bounded}; each replica takes one whole device); raise the "
+                "class's devices or lower the stage's replicas"
+            )
         if lo > hi:
             raise ValueError(f"stage {name!r}: min replicas {lo} > max replicas {hi}")
         if pin.replicas is not None and not lo <= pin.replicas <= hi:
@@ -191,10 +224,10 @@ class PlanningProblem:
         resamples: int = DEFAULT_RESAMPLES,
     ) -> PlanningProblem:
         """The problem a pipeline spec poses: its SLO, allowed hardware (``spec.hardware``,
-        empty = whole catalog) priced by the catalog, and the stages' pins. A router is
-        priced as one core of the catalog's cheapest CPU class per core
-        (:func:`router_price`). A plan must meet the SLO on ``resamples`` resamples of
-        the planning trace as well."""
+        empty = whole catalog) priced and bounded (``devices``) by the catalog, and the
+        stages' pins. A router is priced as one core of the catalog's cheapest CPU class
+        per core (:func:`router_price`). A plan must meet the SLO on ``resamples``
+        resamples of the planning trace as well."""
         spec = graph.pipeline.spec
         allowed = spec.hardware or catalog.names()
         overrides = {
@@ -207,6 +240,9 @@ class PlanningProblem:
             topology=Topology.from_graph(graph),
             profile=profile,
             hardware_costs={hw: catalog.get(hw).cost_per_hour for hw in allowed},
+            hardware_devices={
+                hw: devices for hw in allowed if (devices := catalog.get(hw).devices) is not None
+            },
             slo_s=spec.slo.latency_ms / 1000.0,
             percentile=spec.slo.percentile,
             arrivals_s=arrivals_s,
@@ -232,14 +268,78 @@ class PlanningProblem:
 
     def usable_hardware(self, name: str) -> tuple[str, ...]:
         """Classes the planner may put ``name`` on: the pin, else every option whose batch
-        cap admits a pinned max batch."""
+        cap admits a pinned max batch; either only where the class has devices for the
+        stage's fewest replicas."""
         pin = self.override(name)
-        if pin.hardware is not None:
-            return (pin.hardware,)
-        options = self.hardware_options(name)
-        if pin.max_batch is None:
-            return options
-        return tuple(hw for hw in options if self.stage_profile(name, hw).cap >= pin.max_batch)
+        lo = self.replica_bounds(name)[0]
+        options = (pin.hardware,) if pin.hardware is not None else self.hardware_options(name)
+        return tuple(
+            hw
+            for hw in options
+            if self.hardware_devices.get(hw, lo) >= lo
+            and (
+                pin.max_batch is None
+                or pin.hardware is not None
+                or self.stage_profile(name, hw).cap >= pin.max_batch
+            )
+        )
+
+    def device_room(self, config: Config, m: int, hardware: str) -> int | None:
+        """The most replicas stage ``m`` may have on ``hardware`` beside the other stages of
+        ``config``: the class's devices less the replicas the others hold on it (each
+        replica takes one whole device); None for a class without a device bound."""
+        devices = self.hardware_devices.get(hardware)
+        if devices is None:
+            return None
+        held = sum(c.replicas for j, c in enumerate(config) if j != m and c.hardware == hardware)
+        return devices - held
+
+    def fits_devices(self, config: Config) -> bool:
+        """Whether ``config`` has, over all its stages, no more replicas of each class than
+        the class has devices (:meth:`device_room`): the one check every configuration the
+        planner builds or accepts passes."""
+        return all(
+            (room := self.device_room(config, m, c.hardware)) is None or c.replicas <= room
+            for m, c in enumerate(config)
+        )
+
+    def place(
+        self, options: Sequence[Sequence[str]], order: Sequence[int] | None = None
+    ) -> tuple[str, ...] | None:
+        """A class per stage from its ``options`` (in the order given: the first that
+        fits wins) such that every stage at its fewest replicas fits the devices, or None
+        where no choice does. Stages choose in ``order`` (default: topology order), so
+        the earlier ones get the classes they prefer; a later stage that finds no room
+        makes the earlier ones try their next option."""
+        stages = self.topology.stages
+        lows = [self.replica_bounds(name)[0] for name in stages]
+        sequence = list(range(len(stages))) if order is None else list(order)
+        left = dict(self.hardware_devices)
+        chosen = [""] * len(stages)
+        dead: set[tuple[int, tuple[int, ...]]] = set()  # (step, devices left): no way on
+
+        def choose(step: int) -> bool:
+            if step == len(sequence):
+                return True
+            state = (step, tuple(left.values()))
+            if state in dead:
+                return False
+            m = sequence[step]
+            for hw in options[m]:
+                room = left.get(hw)
+                if room is not None:
+                    if room < lows[m]:
+                        continue
+                    left[hw] = room - lows[m]
+                chosen[m] = hw
+                if choose(step + 1):
+                    return True
+                if room is not None:
+                    left[hw] = room
+            dead.add(state)
+            return False
+
+        return tuple(chosen) if choose(0) else None
 
     def replica_bounds(self, name: str) -> tuple[int, int]:
         """(min, max) replicas of a stage: the pin if any, else the overrides' bounds."""

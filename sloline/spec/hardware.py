@@ -1,6 +1,13 @@
-"""The hardware catalog: classes a stage replica can run on, what they cost, and how a
-replica obtains one in each backend (embedded: CPU threads / core set / CUDA device;
-Kubernetes: resources, nodeSelector, tolerations).
+"""The hardware catalog: classes a stage replica can run on, what they cost, how many
+devices a class has, and how a replica obtains one in each backend (embedded: CPU
+threads / core set / CUDA device; Kubernetes: resources, nodeSelector, tolerations).
+
+A class's ``devices`` bounds how many replicas of it the pipeline's stages may have
+together (each replica takes one whole device); without it the class is unbounded, as a
+cloud or Kubernetes class whose every replica gets a pod of its own. A catalog file
+(:func:`load_catalog`, ``--catalog``) describes the machine the embedded mode runs on, so
+there a class with ``embedded.cudaDevice`` is that one device: ``devices`` 1 where
+unset, and more is an error (:func:`on_this_machine`).
 
 The embedded default offers CPU classes of different size and price so the planner has
 a real choice on any machine; users replace it with a YAML file (`--catalog`) or, on
@@ -38,6 +45,14 @@ class HardwareClass(SpecModel):
     name: str = Field(pattern=NAME_PATTERN, max_length=40)
     accelerator: Literal["cpu", "gpu"] = "cpu"
     cost_per_hour: float = Field(ge=0)
+    devices: int | None = Field(
+        default=None,
+        ge=1,
+        description="How many devices of this class the pipeline can use: each replica "
+        "takes one whole device, and all stages together have at most this many replicas "
+        "of the class. Unset: unbounded (each replica gets its own, as a Kubernetes pod), "
+        "except in a `--catalog` file, where a class with `embedded.cudaDevice` is 1.",
+    )
     embedded: EmbeddedPlacement = Field(default_factory=EmbeddedPlacement)
     kubernetes: KubernetesPlacement = Field(default_factory=KubernetesPlacement)
 
@@ -71,15 +86,45 @@ def _cpu(name: str, threads: int, cost: float) -> HardwareClass:
 DEFAULT_CATALOG = HardwareCatalog(classes=[_cpu("cpu-1", 1, 0.05), _cpu("cpu-2", 2, 0.10)])
 
 
+def on_this_machine(catalog: HardwareCatalog, source: str = "catalog") -> HardwareCatalog:
+    """The catalog as the embedded mode runs it on this machine: every replica of a class
+    with ``embedded.cudaDevice`` runs on that one device, so the class has ``devices`` 1
+    where unset; a larger ``devices`` would let the planner count replicas that share the
+    device as devices of their own, and raises `PipelineError` (list one class per GPU
+    instead)."""
+    issues = [
+        Issue(
+            f"classes.{i}.devices",
+            f"class {hw.name!r} runs every replica on embedded.cudaDevice "
+            f"{hw.embedded.cuda_device}, one device: devices must be 1 or unset, got "
+            f"{hw.devices} (list one class per GPU instead)",
+        )
+        for i, hw in enumerate(catalog.classes)
+        if hw.embedded.cuda_device is not None and (hw.devices or 1) > 1
+    ]
+    if issues:
+        raise PipelineError(issues, source)
+    return HardwareCatalog(
+        classes=[
+            hw.model_copy(update={"devices": 1})
+            if hw.embedded.cuda_device is not None and hw.devices is None
+            else hw
+            for hw in catalog.classes
+        ]
+    )
+
+
 def load_catalog(path: str | Path) -> HardwareCatalog:
-    """Read a catalog YAML file (`classes: [...]`), raising `PipelineError` on problems."""
+    """Read a catalog YAML file (`classes: [...]`) for this machine (:func:`on_this_machine`),
+    raising `PipelineError` on problems."""
     source = str(path)
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise PipelineError([Issue("(file)", str(exc))], source) from None
     try:
-        return HardwareCatalog.model_validate(data)
+        catalog = HardwareCatalog.model_validate(data)
     except ValidationError as exc:
         issues = [Issue(".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors()]
         raise PipelineError(issues, source) from None
+    return on_this_machine(catalog, source)

@@ -67,6 +67,7 @@ __all__ = [
     "StageTuning",
     "StreamingSource",
     "Tuner",
+    "device_caps",
     "pipeline_selector",
     "router_tuning",
     "stage_tunings",
@@ -327,9 +328,11 @@ def stage_tunings(
 ) -> list[StageTuning]:
     """Per-stage tuning parameters from the plan, for the embedded and Kubernetes tuners
     alike: stages whose replicas the spec (or `pinned`) fixes are left alone; bounds are
-    the spec's min/max replicas, else 1 and `max_replicas`; rho_m and mu_m are made
-    effective for stages planned at their floor."""
+    the spec's min/max replicas, else 1 and `max_replicas`, and on a class with a device
+    bound no more than :func:`device_caps` allows; rho_m and mu_m are made effective for
+    stages planned at their floor."""
     spec = {s.name: s for s in stages}
+    devices = device_caps(plan)
     floors = [spec[s.name].min_replicas or 1 for s in plan.stages]
     at_floor = [s.replicas <= floor for s, floor in zip(plan.stages, floors, strict=True)]
     rhos, mus = effective_rates(plan.stages, at_floor)
@@ -337,7 +340,9 @@ def stage_tunings(
         StageTuning(
             name=s.name,
             min_replicas=floor,
-            max_replicas=spec[s.name].max_replicas or max_replicas,
+            max_replicas=min(
+                spec[s.name].max_replicas or max_replicas, devices.get(s.name, max_replicas)
+            ),
             scale_factor=s.scale_factor,
             throughput_rps=mu,
             max_provisioning_ratio=rho,
@@ -345,6 +350,22 @@ def stage_tunings(
         for s, floor, rho, mu in zip(plan.stages, floors, rhos, mus, strict=True)
         if s.name not in pinned and spec[s.name].replicas is None
     ]
+
+
+def device_caps(plan: Plan) -> dict[str, int]:
+    """The most replicas the tuner may give each stage on a class with a device bound
+    (``plan.devices``): its planned replicas and its share of the devices the plan leaves
+    free on the class. A stage alone on its class may take all the class's devices; the
+    stages that share a class split the free ones evenly (earlier stages get the
+    remainder), so that, each scaled on its own, together they never hold more replicas
+    than the class has devices."""
+    caps: dict[str, int] = {}
+    for hw, devices in plan.devices.items():
+        sharing = [s for s in plan.stages if s.hardware == hw]
+        free = max(0, devices - sum(s.replicas for s in sharing))
+        for i, s in enumerate(sharing):
+            caps[s.name] = s.replicas + free // len(sharing) + (i < free % len(sharing))
+    return caps
 
 
 @dataclass(frozen=True, slots=True)
