@@ -147,6 +147,7 @@ CALIBRATION_S = 20.0  # per example, at the planned load: what the profile misse
 CALIBRATED = "calibrated"  # the estimate with the calibrated profile (service "p50")
 CALIBRATED_SAMPLES = "calibrated_samples"  # the same profile, service "samples"
 CLIENT_PROBE_S = 4.0  # before each cell: the load generator's CPU per request at its load
+CLIENT_SEEDS = 999  # + a cell's seed: the seed of its client probe's trace, one no cell uses
 TARGET_ERROR = 0.15
 # Other tenants of the shared machine: a cell waits for them to go quiet (at most
 # QUIET_TIMEOUT_S, then it runs anyway) and is repeated (at most MAX_ATTEMPTS times in
@@ -901,7 +902,7 @@ def measure_cell(
     runs = []
     for attempt in range(attempts):
         quiet_s = quiet()
-        client_cpu = client_cpu_per_request(gen, rate, cv2, seed=1000 + seed - 1)
+        client_cpu = client_cpu_per_request(gen, rate, cv2, seed=CLIENT_SEEDS + seed)
         print(
             f"  {example.name}: {rate:g} rps, CV² {cv2:g}, {duration_s:g} s "
             f"({label}attempt {attempt + 1}, waited {quiet_s:.0f} s for quiet) ...",
@@ -965,6 +966,7 @@ def run_example(
     quiet_timeout_s: float = QUIET_TIMEOUT_S,
     count_niced: bool = True,
     budget: Budget | None = None,
+    first_seed: int = 1,
 ) -> dict[str, Any]:
     datatypes = {t.name: str(t.datatype) for t in example.loaded.pipeline.spec.inputs}
     out: dict[str, Any] = {"cells": []}
@@ -997,7 +999,7 @@ def run_example(
                             example,
                             served,
                             gen,
-                            (rate, cv2, k + 1),
+                            (rate, cv2, first_seed + k),
                             duration_s,
                             calibrated,
                             label=f"run {repeat + 1} of {repeats}, " if repeats > 1 else "",
@@ -1387,6 +1389,13 @@ def main() -> None:
         "the service times, that cell measured (no serving)",
     )
     parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=1,
+        help="the cells' traces use seeds from this one up (default 1; another value "
+        "gives a fresh run on traces the estimator was not checked on)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -1426,6 +1435,7 @@ def main() -> None:
             "ignore_niced": args.ignore_niced,
             "quiet_timeout_s": args.quiet_timeout_s,
             "budget_s": args.budget_s,
+            "first_seed": args.first_seed,
         },
         "machine": {
             "cpus": os.cpu_count(),
@@ -1468,6 +1478,7 @@ def main() -> None:
             quiet_timeout_s=args.quiet_timeout_s,
             count_niced=not args.ignore_niced,
             budget=budget,
+            first_seed=args.first_seed,
         )
         plan = example.session.plan
         result.update(
