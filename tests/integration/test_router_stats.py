@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -25,7 +24,7 @@ import tritonclient.grpc as grpcclient
 
 from sloline.serving.triton_stats import LOCAL_STATS_PATH
 from tests.support.net import free_port
-from tests.support.serve import NOOP, BackgroundPipeline
+from tests.support.serve import NOOP, BackgroundPipeline, run_routers
 
 BODY = json.dumps(
     {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}]}
@@ -65,24 +64,12 @@ def by_name(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def three_routers() -> Iterator[tuple[str, str, list[str]]]:
     """`sloline run --routers 3`: (HTTP url, gRPC address, every router's metrics url)."""
     http_port, grpc_port = free_port(), free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sloline", "run", str(NOOP), "--port", str(http_port),
-         "--grpc-port", str(grpc_port), "--no-plan", "--no-tuner", "--routers", "3",
-         "--status-interval", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    process, urls = run_routers("--port", str(http_port), "--grpc-port", str(grpc_port),
+                                "--no-plan", "--no-tuner", "--routers", "3",
+                                "--status-interval", "0")  # fmt: skip
     try:
-        lines: list[str] = []
-        assert process.stdout is not None
-        while not any(line.strip().startswith("metrics ") for line in lines):
-            line = process.stdout.readline()
-            assert line, "".join(lines)
-            lines.append(line)
-        banner = next(line for line in lines if line.strip().startswith("metrics "))
-        metrics = [
-            u.removesuffix("/metrics") for u in re.findall(r"http://[\d.:]+/metrics", banner)
-        ]
-        assert len(metrics) == 3, banner
+        metrics = [u.removesuffix("/metrics") for u in urls]
+        assert len(metrics) == 3, urls
         for url in metrics:
             wait_for(lambda u=url: ready(u), f"{url} to be ready")
         yield f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", metrics

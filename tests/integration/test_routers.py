@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -24,7 +21,7 @@ import pytest
 from sloline.serving.stats import Ring
 from tests.support.load import KeepAliveLoad
 from tests.support.net import free_port
-from tests.support.serve import NOOP, BackgroundPipeline
+from tests.support.serve import NOOP, BackgroundPipeline, run_routers
 
 BODY = json.dumps(
     {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}]}
@@ -251,22 +248,11 @@ def test_run_prints_every_routers_metrics_and_leaves_no_orphans() -> None:
     """`sloline run --routers 2`: the banner names both routers' /metrics (each answers),
     and a crash of `sloline run` takes the other router and the workers with it."""
     http_port, grpc_port = free_port(), free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sloline", "run", str(NOOP), "--port", str(http_port),
-         "--grpc-port", str(grpc_port), "--no-plan", "--routers", "2",
-         "--status-interval", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    process, urls = run_routers("--port", str(http_port), "--grpc-port", str(grpc_port),
+                                "--no-plan", "--routers", "2",
+                                "--status-interval", "0")  # fmt: skip
     try:
-        lines: list[str] = []
-        assert process.stdout is not None
-        while not any(line.strip().startswith("metrics ") for line in lines):
-            line = process.stdout.readline()
-            assert line, "".join(lines)
-            lines.append(line)
-        banner = next(line for line in lines if line.strip().startswith("metrics "))
-        urls = re.findall(r"http://[\d.:]+/metrics", banner)
-        assert len(urls) == 2 and f":{http_port}/" not in banner, banner
+        assert len(urls) == 2 and not any(f":{http_port}/" in u for u in urls), urls
         for url in urls:  # router 1 may still be starting
             wait_for(lambda u=url: b"sloline_requests_total" in scrape(u), f"{url} to answer")
         children = psutil.Process(process.pid).children(recursive=True)

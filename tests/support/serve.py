@@ -5,6 +5,7 @@ blocking tritonclient clients against it."""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import threading
@@ -125,3 +126,21 @@ class BackgroundPipeline:
     @property
     def name(self) -> str:
         return self.loaded.name
+
+
+def run_routers(*flags: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """`sloline run NOOP` with `flags` (ports, `--routers N`, ...), read up to its banner's
+    metrics line: the process (stdout still piped) and every router's metrics URL, router
+    0's first."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sloline", "run", str(NOOP), *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    assert process.stdout is not None
+    while not any(line.strip().startswith("metrics ") for line in lines):
+        line = process.stdout.readline()
+        assert line, "".join(lines)
+        lines.append(line)
+    banner = next(line for line in lines if line.strip().startswith("metrics "))
+    return process, re.findall(r"http://[\d.:]+/metrics", banner)
