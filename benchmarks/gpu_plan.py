@@ -27,7 +27,6 @@ Usage: ``python benchmarks/gpu_plan.py [--rate 3000] [--slo-ms 50] [--window-ms 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import shutil
 import subprocess
@@ -43,7 +42,7 @@ from sloline.backends.local import WORKER_NICE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from report import machine_info
+from report import machine_info, save_results
 from systems import SlolineSystem, have_perf_analyzer, run_perf_analyzer
 
 HERE = Path(__file__).resolve().parent
@@ -130,6 +129,7 @@ def main() -> int:
     if not have_perf_analyzer():
         return 2
     started = time.perf_counter()
+    machine = machine_info("")
     run_dir = Path(tempfile.mkdtemp(prefix="sloline-gpu-plan-"))
     folder = pipeline_dir(run_dir, args.rate, args.slo_ms, args.duration_s)
     if args.catalog:
@@ -151,12 +151,8 @@ def main() -> int:
     )
     served = [serve(folder, plan, n, args.rate, args.window_ms, run_dir)
               for n in range(plan["routers"], 0, -1)]  # fmt: skip
-    doc = {"date": datetime.date.today().isoformat(), "machine": machine_info(""),
-           "settings": {**vars(args), "out": str(args.out), "run_dir": str(run_dir),
-                        "wall_s": time.perf_counter() - started, "plan_s": plan_s},
-           "plan": plan, "served": served}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1, default=str))
+    wall_s = save_results(args.out, args, machine, started, run_dir, served,
+                          {"plan": plan, "plan_s": plan_s})  # fmt: skip
     print(
         f"plan: {plan['routers']} routers, estimated P99 {1e3 * plan['p99Seconds']:.1f} ms "
         f"(SLO {args.slo_ms:.0f} ms) at {args.rate:.0f} rps, ${plan['costPerHour']:.2f}/h"
@@ -167,7 +163,7 @@ def main() -> int:
         got = (f"P99 {r['p99_ms']:.1f} ms at {r['rps']:.0f} rps" if "p99_ms" in r
                else f"failed: {r['error'].strip().splitlines()[-1][:200]}")  # fmt: skip
         print(f"served with {r['routers']} router(s): {got}")
-    print(f"\nraw results: {args.out} ({doc['settings']['wall_s']:.0f} s)")
+    print(f"\nraw results: {args.out} ({wall_s:.0f} s)")
     return 0
 
 

@@ -79,15 +79,17 @@ def save_results(
     started_s: float,
     run_dir: Path,
     records: list[dict[str, Any]],
+    extra: dict[str, Any] | None = None,
 ) -> float:
-    """Write a benchmark's records with the machine, its settings and its wall time (from
-    `started_s`, a `time.perf_counter()`) to `out`; returns that wall time."""
+    """Write a benchmark's records (and `extra` fields) with the machine, its settings and
+    its wall time (from `started_s`, a `time.perf_counter()`) to `out`; returns that wall
+    time."""
     machine["loadavg_end"] = list(os.getloadavg())
     wall_s = time.perf_counter() - started_s
     doc = {"date": datetime.date.today().isoformat(), "machine": machine,
            "settings": {**vars(args), "out": str(out), "run_dir": str(run_dir),
                         "wall_s": wall_s},
-           "records": records}  # fmt: skip
+           "records": records, **(extra or {})}  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1, default=str))
     return wall_s
