@@ -9,6 +9,7 @@ an overhead, so that planners of profiles without one do not compile its kernel.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,7 +23,7 @@ from sloline.planner.sim.pipeline import PipelineInputs, simulate_pipeline
 from sloline.planner.sim.rule import dependants
 from sloline.planner.topology import Topology
 
-__all__ = ["estimate_routed", "routed_inputs", "router_of"]
+__all__ = ["estimate_routed", "routed_inputs", "router_of", "with_configurations"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -79,6 +80,41 @@ def router_of(routers: int, size: int, seed: int) -> IntArray:
     return rng.integers(0, routers, size=size, dtype=np.int64)
 
 
+def _rows(
+    topology: Topology,
+    profile: PipelineProfile,
+    rows: Sequence[tuple[int, StageConfig]],
+    service: ServiceMode,
+    seed: int,
+    n_batches: int,
+) -> dict[str, Any]:
+    """The per-configuration inputs of ``rows`` (stage, configuration): batch limits,
+    cores, service draws and hops. A stage's rows share its streams of draws."""
+    overhead = profile.overhead
+    if overhead is None:
+        raise ValueError("the profile has no serving overhead to simulate")
+    config = [c for _, c in rows]
+    profiles = [profile.stage(topology.stages[m], c.hardware) for m, c in rows]
+    draws = [
+        service_draws(p, c.max_batch, service, 0.0, n_batches, seed=seed, stage=m)
+        for (m, c), p in zip(rows, profiles, strict=True)
+    ]
+    tables, cols, scales, idle = _service_arrays(draws, config, n_batches)
+    hop_table = np.maximum(overhead.hop_table_s() - overhead.worker_batch_cpu_s, 0.0)
+    hops = np.stack(
+        [overhead_draws(hop_table, service, n_batches, seed, (m + 1, _HOP_STREAM)) for m, _ in rows]
+    )
+    return {
+        "max_batch": np.array([c.max_batch for c in config], dtype=np.int64),
+        "replica_cores": np.array([float(p.cores) for p in profiles]),
+        "tables": tables,
+        "cols": cols,
+        "scales": scales,
+        "hops": hops,
+        "idle": idle,
+    }
+
+
 def routed_inputs(
     topology: Topology,
     profile: PipelineProfile,
@@ -90,26 +126,10 @@ def routed_inputs(
 ) -> PipelineInputs:
     """The routed simulation's inputs for ``config`` and ``routers`` routers (the profile
     must have an overhead)."""
-    overhead = profile.overhead
-    if overhead is None:
-        raise ValueError("the profile has no serving overhead to simulate")
     counts = [workload.size if ix is None else ix.size for ix in workload.visit_index]
-    n_batches = max(1, *counts)
-    profiles = [
-        profile.stage(name, c.hardware) for name, c in zip(topology.stages, config, strict=True)
-    ]
-    draws = [
-        service_draws(p, c.max_batch, service, 0.0, n_batches, seed=seed, stage=m)
-        for m, (p, c) in enumerate(zip(profiles, config, strict=True))
-    ]
-    tables, cols, scales, idle = _service_arrays(draws, config, n_batches)
-    hop_table = np.maximum(overhead.hop_table_s() - overhead.worker_batch_cpu_s, 0.0)
-    hops = np.stack(
-        [
-            overhead_draws(hop_table, service, n_batches, seed, (m + 1, _HOP_STREAM))
-            for m in range(len(topology))
-        ]
-    )
+    rows = _rows(topology, profile, list(enumerate(config)), service, seed, max(1, *counts))
+    overhead = profile.overhead
+    assert overhead is not None  # checked by _rows
     child_ptr, child_idx = dependants(topology)
     return PipelineInputs(
         arrivals_s=workload.arrivals_s,
@@ -118,14 +138,7 @@ def routed_inputs(
         child_idx=child_idx,
         n_deps=np.array([len(d) for d in topology.deps], dtype=np.int64),
         output=topology.output,
-        max_batch=np.array([c.max_batch for c in config], dtype=np.int64),
         replicas=np.array([c.replicas for c in config], dtype=np.int64),
-        replica_cores=np.array([float(p.cores) for p in profiles]),
-        tables=tables,
-        cols=cols,
-        scales=scales,
-        hops=hops,
-        idle=idle,
         requests=_requests(overhead, workload, service, seed),
         router_cpu_s=np.array(
             [
@@ -141,7 +154,21 @@ def routed_inputs(
         worker_weight=overhead.worker_weight,
         routers=routers,
         router_of=router_of(routers, workload.size, seed),
+        **rows,
     )
+
+
+def with_configurations(
+    inputs: PipelineInputs,
+    topology: Topology,
+    profile: PipelineProfile,
+    rows: Sequence[tuple[int, StageConfig]],
+    service: ServiceMode,
+    seed: int,
+) -> PipelineInputs:
+    """``inputs`` with one configuration row per (stage, configuration) of ``rows``, drawn
+    as :func:`routed_inputs` draws them (a closed loop's reconfigurations)."""
+    return inputs._replace(**_rows(topology, profile, rows, service, seed, inputs.cols.shape[1]))
 
 
 def estimate_routed(

@@ -52,10 +52,12 @@ import numpy as np
 import numpy.typing as npt
 
 from sloline.planner.sim.queues import heap_pop
-from sloline.planner.sim.rule import eager, inlined
+from sloline.planner.sim.rule import eager, inlined, kernel
 from sloline.planner.sim.state import (
     HOP_BACK,
     HOP_OUT,
+    IDLE,
+    OFF,
     REACH_ROUTER,
     RECV,
     SEND,
@@ -65,13 +67,17 @@ from sloline.planner.sim.state import (
     charge_wake,
     client_done,
     client_push,
+    dispatch,
     hop_over,
+    in_system,
+    make_idle,
+    remove_idle,
     request_in,
     router_done,
     worker_done,
 )
 
-__all__ = ["PipelineInputs", "PipelineRun", "simulate_pipeline"]
+__all__ = ["PipelineInputs", "PipelineRun", "Segments", "simulate_pipeline"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -113,7 +119,7 @@ def _replica_events(
         p = replica.phase
         if p == SERVING:
             m = replica.stage
-            demand += cores[m]
+            demand += cores[replica.cfg]
             v = replica.vend
             if v <= v_cpu:
                 k = m * n + queue[replica.router * n_stages + m, replica.lo]
@@ -214,7 +220,9 @@ def _advance(st: State, now: float, best: float, rates: tuple[float, float, floa
 @inlined
 def _arrive(inputs: PipelineInputs, st: State, q: int) -> None:
     """Query q leaves the client, or (no client) reaches its router."""
-    if st.sim[0].client_cpu > 0.0:
+    s = st.sim[0]
+    in_system(s, s.now, 1)
+    if s.client_cpu > 0.0:
         client_push(st, SEND, q)
     else:
         request_in(inputs, st, q)
@@ -275,7 +283,7 @@ def _signature() -> Any:
         )
     )  # fmt: skip
     typeof = cast(Callable[[object], Any], numba.typeof)
-    args = (inputs, _frozen(floats), _frozen(ints), State.start(inputs), floats)
+    args = (inputs, _frozen(floats), _frozen(ints), State.start(inputs), floats, 0.0)
     return numba.void(*(typeof(a) for a in args))
 
 
@@ -286,22 +294,27 @@ def _run(
     enter_q: IntArray,
     st: State,
     answered: FloatArray,
+    until: float,
 ) -> None:
-    """The event loop: queries enter at ``enter_t`` (sorted), in the order ``enter_q``."""
+    """The event loop: queries enter at ``enter_t`` (sorted), in the order ``enter_q``;
+    it handles every event up to ``until`` and stops there (``st.sim`` keeps where), so
+    that a closed loop can act on the state and resume it."""
     n = enter_t.shape[0]
-    next_q = 0
-    now = enter_t[0] if n else 0.0
+    s = st.sim[0]
     while True:
+        now = s.now
         replica_events = _replica_events(inputs, st, n)
         rates = _rates(inputs, st, replica_events[0])
-        next_arrival = enter_t[next_q] if next_q < n else np.inf
+        next_arrival = enter_t[s.next_q] if s.next_q < n else np.inf
         best, what, who = _next_event(st, now, next_arrival, rates, replica_events)
-        if what < 0:
+        if what < 0 or best > until:
+            if until < np.inf:
+                s.now = _advance(st, now, until, rates)
             break
-        now = _advance(st, now, best, rates)
+        s.now = now = _advance(st, now, best, rates)
         if what == _ARRIVAL:
-            _arrive(inputs, st, enter_q[next_q])
-            next_q += 1
+            _arrive(inputs, st, enter_q[s.next_q])
+            s.next_q += 1
         elif what == _TIMED:
             _timed(inputs, st)
         elif what == _CLIENT_DONE:
@@ -315,23 +328,20 @@ def _run(
         charge_wake(st, inputs.router_idle, now)
 
 
-def simulate_pipeline(inputs: PipelineInputs) -> PipelineRun:
-    """Run the routed pipeline simulation (see the module doc)."""
-    inputs = _prepared(inputs)
+def _entries(inputs: PipelineInputs) -> tuple[FloatArray, IntArray]:
+    """When queries enter the loop (sorted) and in which order: as they are sent when a
+    co-located client queues them, else as they reach their router, half their request
+    path after they are sent (known in advance)."""
     arrivals = inputs.arrivals_s
     n = arrivals.shape[0]
-    answered = np.full(n, np.nan)
     if inputs.client_cpu_s > 0.0:
-        enter_q = np.arange(n, dtype=np.int64)
-        enter_t = np.ascontiguousarray(arrivals)
-    else:
-        # Without a client to queue at, a request reaches the router half its request
-        # path after it is sent: known in advance, so they enter in that order.
-        reach = arrivals + 0.5 * inputs.requests
-        enter_q = np.argsort(reach, kind="stable").astype(np.int64)
-        enter_t = np.ascontiguousarray(reach[enter_q])
-    state = State.start(inputs)
-    _run(inputs, _frozen(enter_t), _frozen(enter_q), state, answered)
+        return _frozen(arrivals), _frozen(np.arange(n, dtype=np.int64))
+    reach = arrivals + 0.5 * inputs.requests
+    enter_q = np.argsort(reach, kind="stable").astype(np.int64)
+    return _frozen(reach[enter_q]), _frozen(enter_q)
+
+
+def _result(state: State, answered: FloatArray) -> PipelineRun:
     stg, sim = state.stg, state.sim[0]
     return PipelineRun(
         answered,
@@ -341,3 +351,79 @@ def simulate_pipeline(inputs: PipelineInputs) -> PipelineRun:
         float(sim["busy"]),
         float(sim["cpu"]),
     )
+
+
+def simulate_pipeline(inputs: PipelineInputs) -> PipelineRun:
+    """Run the routed pipeline simulation (see the module doc)."""
+    inputs = _prepared(inputs)
+    answered = np.full(inputs.arrivals_s.shape[0], np.nan)
+    state = State.start(inputs)
+    _run(inputs, *_entries(inputs), state, answered, np.inf)
+    return _result(state, answered)
+
+
+@kernel
+def _activate(inputs: PipelineInputs, st: State, r: int, m: int, cfg: int, now: float) -> None:
+    """Replica slot r starts serving stage m with configuration ``cfg``: idle (last in its
+    ring), a cold worker; it takes queued work at once."""
+    replica = st.rep[r]
+    replica.stage, replica.cfg, replica.phase = m, cfg, IDLE
+    replica.leaving, replica.last_end, replica.idle_since = 0, -np.inf, now
+    make_idle(st.stg, st.idle, m, r)
+    dispatch(inputs, st, m, now)
+    charge_wake(st, inputs.router_idle, now)
+
+
+@kernel
+def _retire(st: State, r: int, now: float) -> bool:
+    """Replica r leaves: at once when idle (True), else after its batch."""
+    replica = st.rep[r]
+    if replica.phase == IDLE:
+        remove_idle(st.stg, st.idle, replica.stage, r)
+        replica.phase, replica.t_off = OFF, now
+        return True
+    if replica.phase != OFF:
+        replica.leaving = 1
+    return False
+
+
+class Segments:
+    """The routed simulation run in segments, for a closed loop that changes the replicas
+    between them (:mod:`sloline.lab.engine`): :meth:`run_until` handles every event up to
+    a time; :meth:`activate` and :meth:`retire` start and stop replica slots at that time;
+    :meth:`reconfigure` swaps in inputs with more configuration rows."""
+
+    def __init__(self, inputs: PipelineInputs, slots: int) -> None:
+        self.inputs = _prepared(inputs)
+        self.enter_t, self.enter_q = _entries(self.inputs)
+        self.state = State.start(self.inputs, slots)
+        self.answered = np.full(self.inputs.arrivals_s.shape[0], np.nan)
+
+    @property
+    def now(self) -> float:
+        return float(self.state.sim["now"][0])
+
+    def run_until(self, t: float) -> None:
+        _run(self.inputs, self.enter_t, self.enter_q, self.state, self.answered, t)
+
+    def reconfigure(self, inputs: PipelineInputs) -> None:
+        """Go on with ``inputs``, whose configuration rows extend the current ones."""
+        self.inputs = _prepared(inputs)
+
+    def activate(self, r: int, stage: int, cfg: int) -> None:
+        _activate(self.inputs, self.state, r, stage, cfg, self.now)
+
+    def retire(self, r: int) -> bool:
+        """Replica r leaves now if idle (True), else after its batch (its ``t_off``)."""
+        return bool(_retire(self.state, r, self.now))
+
+    def stay(self, r: int) -> None:
+        """Replica r, leaving after its batch, stays."""
+        self.state.rep["leaving"][r] = 0
+
+    def grow(self, slots: int) -> None:
+        """Room for ``slots`` replicas in all."""
+        self.state = self.state.grown(slots)
+
+    def result(self) -> PipelineRun:
+        return _result(self.state, self.answered)

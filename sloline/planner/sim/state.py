@@ -18,7 +18,7 @@ compiled handlers change in place by field name:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -38,8 +38,8 @@ REQ_IN, DISPATCH, RESULT, REQ_OUT = 0, 1, 2, 3
 SEND, RECV = 0, 1
 # Timed events.
 REACH_ROUTER, REACH_CLIENT = 0, 1
-# Replica phases.
-IDLE, WAIT_DISPATCH, HOP_OUT, SERVING, HOP_BACK, WAIT_RESULT = 0, 1, 2, 3, 4, 5
+# Replica phases (OFF: not serving, a slot the closed loop may start or has retired).
+IDLE, WAIT_DISPATCH, HOP_OUT, SERVING, HOP_BACK, WAIT_RESULT, OFF = 0, 1, 2, 3, 4, 5, 6
 
 _I, _F = np.int64, np.float64
 SIM = np.dtype(
@@ -53,25 +53,34 @@ SIM = np.dtype(
         # per request (0: none).
         ("req_cpu", _F), ("batch_cpu", _F), ("item_cpu", _F), ("worker_cpu", _F),
         ("client_cpu", _F),
+        # Where the loop stopped (its time, the next query to enter), for a run resumed in
+        # segments; queries entered and not answered, and their integral over time.
+        ("now", _F), ("next_q", _I), ("in_system", _I), ("sys_area", _F), ("sys_last", _F),
     ]
 )  # fmt: skip
 # A router: idle since; a job just found it idle (woken); a finished job of its own is
 # queueing the jobs it causes (they run in its wake).
 ROUTER = np.dtype([("idle_since", _F), ("woken", _I), ("in_wake", _I)])
+# A stage: batches, items and replica busy time so far; its ring of idle replicas (head,
+# count, first slot, size); items at the stage (queued or in a batch) and replicas with a
+# batch, with their integrals over time up to ``last``.
 STAGE = np.dtype(
     [
         ("batches", _I), ("visited", _I), ("busy", _F), ("idle_head", _I),
-        ("idle_count", _I), ("first", _I), ("replicas", _I), ("max_batch", _I),
+        ("idle_count", _I), ("first", _I), ("slots", _I), ("ongoing", _I),
+        ("ong_area", _F), ("n_busy", _I), ("busy_area", _F), ("last", _F),
     ]
 )  # fmt: skip
 STAGE_QUEUE = np.dtype([("q_head", _I), ("q_tail", _I)])
-# A replica's batch: its router, queue position, size and index at its stage; the
-# dispatch; the end of its half hop; its worker's end (the workers' virtual time); its
-# last model time's end.
+# A replica: its stage and configuration (the row of the inputs' per-configuration
+# arrays); its batch's router, queue position, size and index at its stage; the dispatch;
+# the end of its half hop; its worker's end (the workers' virtual time); its last model
+# time's end; since when it is idle; whether it leaves after its batch, and when it left.
 REPLICA = np.dtype(
     [
-        ("stage", _I), ("phase", _I), ("router", _I), ("lo", _I), ("size", _I), ("batch", _I),
-        ("t_dispatch", _F), ("t_end", _F), ("vend", _F), ("last_end", _F),
+        ("stage", _I), ("cfg", _I), ("phase", _I), ("router", _I), ("lo", _I), ("size", _I),
+        ("batch", _I), ("t_dispatch", _F), ("t_end", _F), ("vend", _F), ("last_end", _F),
+        ("idle_since", _F), ("leaving", _I), ("t_off", _F),
     ]
 )  # fmt: skip
 
@@ -82,11 +91,13 @@ class PipelineInputs(NamedTuple):
 
     - ``child_ptr`` / ``child_idx``: the stages waiting on stage m are
       ``child_idx[child_ptr[m]:child_ptr[m + 1]]``; ``n_deps[m]``: how many stage m waits on;
-    - ``tables[m, k, j]``: model time of a batch of k (column j); the b-th batch of stage m
-      uses column ``cols[m, b]`` times ``scales[m, b]``;
-    - ``hops[m, b]``: the b-th batch's hop (round trip outside router CPU, model and the
-      worker's own CPU), half on the way out and half back;
-    - ``idle[m]``: stage m's idle penalty (``[2, K]``: gaps from 0, extra times from 0);
+    - ``replicas[m]``: stage m's replicas at the start, of configuration m;
+    - per configuration c (a row; stage m's first is row m, the closed loop appends
+      others): ``max_batch[c]``, ``replica_cores[c]``; ``tables[c, k, j]``: model time of
+      a batch of k (column j), the b-th batch of the stage using column ``cols[c, b]``
+      times ``scales[c, b]``; ``hops[c, b]``: the b-th batch's hop (round trip outside
+      router CPU, model and the worker's own CPU), half on the way out and half back;
+      ``idle[c]``: the idle penalty (``[2, K]``: gaps from 0, extra times from 0);
     - ``requests[q]``: query q's request path outside the router (and the client's CPU);
     - ``router_cpu_s``: per request, per batch, per item; ``router_idle``: the router's
       idle penalty (``[1, 2, K]``); ``worker_cpu_s`` per batch;
@@ -145,10 +156,13 @@ class State(NamedTuple):
     ready: IntArray
 
     @classmethod
-    def start(cls, inputs: PipelineInputs) -> State:
-        """Every replica idle, no job queued, no query arrived."""
+    def start(cls, inputs: PipelineInputs, slots: int = 0) -> State:
+        """Every replica idle (of its stage's first configuration), no job queued, no
+        query arrived. ``slots``: room for that many replicas in all, the ones beyond
+        ``inputs.replicas`` off, for a closed loop to start (0: none)."""
         n, n_stages = inputs.arrivals_s.shape[0], inputs.n_deps.shape[0]
-        n_rep, n_rt = int(inputs.replicas.sum()), int(inputs.routers)
+        n_on, n_rt = int(inputs.replicas.sum()), int(inputs.routers)
+        n_rep = max(n_on, slots)
         # the most requests one router gets: what its queues and jobs must hold
         most = int(np.bincount(inputs.router_of, minlength=n_rt).max()) if n else 0
         sim = np.zeros(1, dtype=SIM)
@@ -156,13 +170,21 @@ class State(NamedTuple):
         rt["idle_since"] = -np.inf
         sim["req_cpu"], sim["batch_cpu"], sim["item_cpu"] = inputs.router_cpu_s
         sim["worker_cpu"], sim["client_cpu"] = inputs.worker_cpu_s, inputs.client_cpu_s
+        sim["now"] = inputs.arrivals_s[0] if n else 0.0
         stg = np.zeros(n_stages, dtype=STAGE)
-        stg["first"][1:] = np.cumsum(inputs.replicas)[:-1]
-        stg["replicas"] = stg["idle_count"] = inputs.replicas
-        stg["max_batch"] = inputs.max_batch
+        # each stage's ring of idle replicas: room for its own, or (slots) for any
+        ring = np.full(n_stages, n_rep) if slots else inputs.replicas
+        stg["first"][1:] = np.cumsum(ring)[:-1]
+        stg["slots"] = ring
+        stg["idle_count"] = inputs.replicas
         rep = np.zeros(n_rep, dtype=REPLICA)
-        rep["stage"] = np.repeat(np.arange(n_stages), inputs.replicas)
+        rep["stage"][:n_on] = rep["cfg"][:n_on] = np.repeat(np.arange(n_stages), inputs.replicas)
+        rep["phase"][n_on:] = OFF
         rep["last_end"] = -np.inf
+        idle = np.zeros(int(ring.sum()), dtype=np.int64)
+        for m in range(n_stages):
+            ids = np.flatnonzero(rep["stage"][:n_on] == m)
+            idle[stg["first"][m] : stg["first"][m] + ids.size] = ids
         return cls(
             sim,
             rt,
@@ -171,7 +193,7 @@ class State(NamedTuple):
             np.empty((n_rt * n_stages, most), dtype=np.int64),
             # one router: its queue's head is the oldest, no sequence numbers needed
             np.empty((n_rt * n_stages, most if n_rt > 1 else 0), dtype=np.int64),
-            np.arange(n_rep, dtype=np.int64),
+            idle,
             rep,
             # a request or a replica: one job at most on its router
             np.zeros((n_rt, most + n_rep + 1), dtype=JOB),
@@ -184,6 +206,30 @@ class State(NamedTuple):
             np.zeros(n_stages, dtype=np.int64),
             np.zeros(n_stages + 1, dtype=np.int64),
         )
+
+    def grown(self, slots: int) -> State:
+        """This state with room for ``slots`` replicas in all (the new ones off), every
+        stage's ring of idle replicas and every router's jobs laid out again in order."""
+        n_old = self.rep.shape[0]
+        if slots <= n_old:
+            return self
+        rep = np.zeros(slots, dtype=REPLICA)
+        rep["phase"], rep["last_end"] = OFF, -np.inf
+        rep[:n_old] = self.rep
+        stg = self.stg.copy()
+        idle = np.zeros(stg.shape[0] * slots, dtype=np.int64)
+        for m, stage in enumerate(self.stg):
+            ring = (stage["idle_head"] + np.arange(stage["idle_count"])) % stage["slots"]
+            idle[m * slots : m * slots + ring.size] = self.idle[stage["first"] + ring]
+        stg["first"], stg["slots"], stg["idle_head"] = np.arange(stg.shape[0]) * slots, slots, 0
+        width = self.rjobs.shape[1] + slots - n_old
+        rjobs = np.zeros((self.rjobs.shape[0], width), dtype=JOB)
+        rq = self.rq.copy()
+        for r, queue in enumerate(self.rq):
+            order = (queue["head"] + np.arange(queue["size"])) % self.rjobs.shape[1]
+            rjobs[r, : order.size] = self.rjobs[r, order]
+        rq["head"] = 0
+        return self._replace(rep=rep, stg=stg, idle=idle, rjobs=rjobs, rq=rq)
 
 
 @inlined
@@ -229,7 +275,7 @@ def _take_idle(stg: Records, idle: IntArray, m: int) -> int:
     """Stage m's longest idle replica, now no longer idle."""
     st = stg[m]
     r = idle[st.first + st.idle_head]
-    st.idle_head = (st.idle_head + 1) % st.replicas
+    st.idle_head = (st.idle_head + 1) % st.slots
     st.idle_count -= 1
     return int(r)
 
@@ -238,8 +284,41 @@ def _take_idle(stg: Records, idle: IntArray, m: int) -> int:
 def make_idle(stg: Records, idle: IntArray, m: int, r: int) -> None:
     """Replica r of stage m is idle (last in its ring)."""
     st = stg[m]
-    idle[st.first + (st.idle_head + st.idle_count) % st.replicas] = r
+    idle[st.first + (st.idle_head + st.idle_count) % st.slots] = r
     st.idle_count += 1
+
+
+@inlined
+def remove_idle(stg: Records, idle: IntArray, m: int, r: int) -> None:
+    """Replica r of stage m, idle, leaves its ring (the ones after it move up)."""
+    st = stg[m]
+    i = 0
+    while idle[st.first + (st.idle_head + i) % st.slots] != r:
+        i += 1
+    for j in range(i, st.idle_count - 1):
+        idle[st.first + (st.idle_head + j) % st.slots] = idle[
+            st.first + (st.idle_head + j + 1) % st.slots
+        ]
+    st.idle_count -= 1
+
+
+@inlined
+def stage_acc(stage: Any, now: float) -> None:
+    """Integrate a stage's items and busy replicas up to ``now``."""
+    dt = now - stage.last
+    if dt > 0.0:
+        stage.ong_area += stage.ongoing * dt
+        stage.busy_area += stage.n_busy * dt
+        stage.last = now
+
+
+@inlined
+def in_system(s: Any, now: float, delta: int) -> None:
+    """Queries in the system change by ``delta`` at ``now`` (integrated up to it)."""
+    if now > s.sys_last:
+        s.sys_area += s.in_system * (now - s.sys_last)
+        s.sys_last = now
+    s.in_system += delta
 
 
 @inlined
@@ -261,9 +340,9 @@ def _oldest(st: State, m: int) -> int:
 
 
 @inlined
-def dispatch(st: State, m: int, now: float) -> None:
+def dispatch(inputs: PipelineInputs, st: State, m: int, now: float) -> None:
     """While stage m has an idle replica and queued items: the longest-idle replica takes
-    ``min(queue, max_batch)`` items of the router whose queue head is oldest, and that
+    ``min(queue, its max_batch)`` items of the router whose queue head is oldest, and that
     router gets the dispatch job. The batch's items are kept in query order, the order
     they go on to the next stages in when the batch is done (the estimator's rule for
     items ready at the same instant)."""
@@ -276,13 +355,15 @@ def dispatch(st: State, m: int, now: float) -> None:
         row = router * stg.shape[0] + m
         sq = st.sq[row]
         lo = sq.q_head
-        k = min(sq.q_tail - lo, stage.max_batch)
-        _sort_batch(st.queue, row, lo, k)
         r = _take_idle(stg, st.idle, m)
         replica = rep[r]
+        k = min(sq.q_tail - lo, inputs.max_batch[replica.cfg])
+        _sort_batch(st.queue, row, lo, k)
         replica.router, replica.lo, replica.size, replica.batch = router, lo, k, stage.batches
         replica.phase = WAIT_DISPATCH
         replica.t_dispatch = now
+        stage_acc(stage, now)
+        stage.n_busy += 1
         stage.batches += 1
         sq.q_head += k
         cost = 0.5 * (sim[0].batch_cpu + sim[0].item_cpu * k)
@@ -321,7 +402,9 @@ def done_at(inputs: PipelineInputs, st: State, q: int, m: int, now: float) -> No
             s.pushes += 1
         sq.q_tail += 1
         stg[c].visited += 1
-        dispatch(st, c, now)
+        stage_acc(stg[c], now)
+        stg[c].ongoing += 1
+        dispatch(inputs, st, c, now)
 
 
 @inlined
@@ -329,12 +412,12 @@ def hop_over(inputs: PipelineInputs, st: State, r: int, now: float) -> None:
     """Half of replica r's hop is over: on the way out its worker starts (model time, idle
     penalty, its own CPU); on the way back the router gets the result job."""
     replica = st.rep[r]
-    m = replica.stage
+    c = replica.cfg
     s = st.sim[0]
     if replica.phase == HOP_OUT:
-        extra = idle_penalty(inputs.idle, m, now - replica.last_end)
+        extra = idle_penalty(inputs.idle, c, now - replica.last_end)
         service = batch_service(
-            inputs.tables, inputs.cols, inputs.scales, m, replica.batch, replica.size
+            inputs.tables, inputs.cols, inputs.scales, c, replica.batch, replica.size
         )
         replica.vend = s.wnow + service + extra + s.worker_cpu
         replica.phase = SERVING
@@ -350,20 +433,28 @@ def worker_done(inputs: PipelineInputs, st: State, r: int, now: float) -> None:
     replica = st.rep[r]
     replica.last_end = now
     replica.phase = HOP_BACK
-    replica.t_end = now + 0.5 * inputs.hops[replica.stage, replica.batch]
+    replica.t_end = now + 0.5 * inputs.hops[replica.cfg, replica.batch]
 
 
 @inlined
 def _result_taken(inputs: PipelineInputs, st: State, r: int, now: float) -> None:
-    """The router took replica r's result: the replica is free (and takes queued work),
-    its batch's items are done at its stage."""
+    """The router took replica r's result: the replica is free (and takes queued work)
+    or, leaving, off; its batch's items are done at its stage."""
     replica = st.rep[r]
     m = replica.stage
-    st.stg[m].busy += now - replica.t_dispatch
-    replica.phase = IDLE
-    make_idle(st.stg, st.idle, m, r)
+    stage = st.stg[m]
+    stage.busy += now - replica.t_dispatch
+    stage_acc(stage, now)
+    stage.n_busy -= 1
+    stage.ongoing -= replica.size
+    replica.idle_since = now
+    if replica.leaving:
+        replica.phase, replica.leaving, replica.t_off = OFF, 0, now
+    else:
+        replica.phase = IDLE
+        make_idle(st.stg, st.idle, m, r)
     row, first, count = replica.router * st.stg.shape[0] + m, replica.lo, replica.size
-    dispatch(st, m, now)
+    dispatch(inputs, st, m, now)
     for i in range(first, first + count):
         done_at(inputs, st, st.queue[row, i], m, now)
 
@@ -380,8 +471,9 @@ def router_done(
     if kind == DISPATCH:
         replica = st.rep[ref]
         replica.phase = HOP_OUT
-        replica.t_end = now + 0.5 * inputs.hops[replica.stage, replica.batch]
+        replica.t_end = now + 0.5 * inputs.hops[replica.cfg, replica.batch]
     elif kind == REQ_OUT:
+        in_system(s, now, -1)
         at = now + 0.5 * inputs.requests[ref]
         if s.client_cpu > 0.0:
             heap_push(st.events, st.heap, at, REACH_CLIENT, ref)
