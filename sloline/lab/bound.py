@@ -48,7 +48,7 @@ def bound_policy(problem: PlanningProblem, plan: Plan, change_s: float) -> Polic
             return top, state
         return tuple(v.desired for v in observation.stages), state
 
-    return Policy("reactive-bound", plan.config, step)
+    return Policy("reactive-bound", plan.config, step, routers=plan.routers)
 
 
 def reactive_bound(

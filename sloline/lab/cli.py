@@ -21,14 +21,6 @@ if TYPE_CHECKING:
     from sloline.lab.traces import Trace
 
 
-UNSIMULATED_OVERHEAD = (
-    "note: the closed-loop simulation leaves out the serving overhead the profile "
-    "measured (the router's CPU, hop and request-path samples, shared cores), which the "
-    "planner's estimator includes: its latencies are lower than served, far lower where "
-    "the router is busy (docs/planner.md, Known limits)"
-)
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("simulate", help="closed-loop simulation of the tuner vs baselines")
     p.add_argument("file", help="the pipeline file")
@@ -98,8 +90,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(start.to_table(), file=log)
         reports.append(simulate(session.problem, [trace], plan=start, policies=policies))
     report = functools.reduce(SimulationReport.joined, reports)
-    if session.problem.profile.overhead is not None:
-        print(UNSIMULATED_OVERHEAD, file=sys.stderr)
     if args.output == "json":
         print(json.dumps(report_json(report)))
     else:

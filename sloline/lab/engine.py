@@ -1,21 +1,15 @@
-"""The closed-loop simulator's engine: the router's dispatch with replica counts that change
+"""The closed-loop simulator's engine: the pipeline served with replica counts that change
 over time, driven by a scaling policy (InferLine §5 tuner, §7 evaluation).
 
-The planner's estimator (:mod:`sloline.planner.estimator`) simulates one *static*
-configuration stage by stage. A tuner couples the stages through time — its decisions
-depend on queue lengths and arrivals so far, and change the replicas every stage serves
-with — so this is one global event simulation of the same dispatch semantics
-(docs/architecture.md, "One request"):
-
-- one FIFO queue per stage; an idle replica takes ``min(queue, max_batch)`` items; a batch
-  occupies its replica for the profiled service time of (hardware, batch) plus the hop;
-- a stage becomes ready for a query when all its dependencies completed or were skipped;
-  conditional routing replays the :class:`~sloline.planner.estimator.Workload`'s visits;
-- ties at one instant follow the router and the estimator exactly: items ready at the
-  same instant are pushed in query order and each push goes at once, alone, to a replica
-  that was already idle; replicas that finish (or become ready) at that instant then take
-  batches of everything queued. With a static policy the per-query latencies equal the
-  estimator's bit for bit (``tests/unit/tuner/test_simulate.py``).
+It runs the planner's own event simulation (:mod:`sloline.planner.sim.pipeline`, the
+estimator's for a profile with a serving overhead) in segments, changing the replicas
+between them, so a closed loop pays what serving and the estimator pay: the router as a
+FIFO server (its CPU per request, batch and item, its idle penalty), hops and request
+paths, cores shared by the router and the workers, workers' idle penalties, and the
+plan's routers (:attr:`~sloline.lab.loop.Policy.routers`). A profile without a measured
+overhead is simulated with a router that costs nothing and its constant hop, the
+estimator's stage-by-stage model. With a static policy the per-query latencies equal the
+estimator's (``tests/unit/lab/test_simulate.py``).
 
 What changes over time. Every ``tick_s`` the policy sees an
 :class:`~sloline.lab.loop.Observation` (queue lengths, busy and ready replica-seconds
@@ -27,20 +21,20 @@ for from the decision on; the desired count (ready + starting) is what the polic
 and sets, so a replica that is starting is never requested twice. A scale-down takes
 effect at once: it cancels starting replicas first (youngest first), then removes idle
 ones (youngest first), then marks busy ones to leave after their batch — queued work
-always stays queued, so no query is ever dropped. Idle replicas take work lowest id
-first (index packing, as AutoScale's load balancer does), which leaves the youngest
-replicas idle to be removed. A target may also be a configuration (another hardware class
-or max batch, :mod:`sloline.tuner.replan`): its replicas start as a scale-up's; the stage's
-current replicas serve on, each with its own batch limit and service times, uncounted,
-until every new one serves, then leave as a scale-down's (a rolling update with surge).
-Cost is billed per replica at its own hardware's price.
+always stays queued, so no query is ever dropped. A new replica is a cold worker (its
+stage's idle penalty) and joins the end of its stage's idle ring, as the router's
+longest-idle-first rule has it. A target may also be a configuration (another hardware
+class or max batch, :mod:`sloline.tuner.replan`): its replicas start as a scale-up's;
+the stage's current replicas serve on, each with its own batch limit and service times,
+uncounted, until every new one serves, then leave as a scale-down's (a rolling update
+with surge). Cost is billed per replica at its own hardware's price.
 
-Pure: no I/O, no clock, no global state; deterministic for the same inputs and seed
-(heap ties break by sequence number).
+Pure: no I/O, no clock, no global state; deterministic for the same inputs and seed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Mapping
@@ -53,12 +47,15 @@ from sloline.lab.fleet import Config, Replica, Stage
 from sloline.lab.loop import Observation, Policy, Run, ScaleEvent, StageView, Targets
 from sloline.planner.config import StageConfig
 from sloline.planner.estimator import Workload
+from sloline.planner.overhead import ServingOverhead
 from sloline.planner.profile import PipelineProfile
-from sloline.planner.sim.draws import ServiceMode, service_draws
-from sloline.planner.sim.rule import dependants, release
+from sloline.planner.routed import routed_inputs, with_configurations
+from sloline.planner.sim.draws import ServiceMode
+from sloline.planner.sim.pipeline import Segments
+from sloline.planner.sim.state import IDLE, OFF
 from sloline.planner.topology import Topology
 
-__all__ = ["EngineSettings", "run_closed_loop"]
+__all__ = ["EngineSettings", "run_closed_loop", "simulated_profile"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,43 +80,19 @@ class EngineSettings:
             )
 
 
-class _Graph:
-    """The pipeline's stages as :func:`~sloline.planner.sim.rule.release` takes them, with
-    how many dependencies each query still waits on at each stage."""
-
-    __slots__ = (
-        "child_idx",
-        "child_ptr",
-        "n_deps",
-        "output",
-        "pending",
-        "ready",
-        "stack",
-        "visits",
-    )
-
-    def __init__(self, topology: Topology, workload: Workload) -> None:
-        self.child_ptr, self.child_idx = dependants(topology)
-        self.n_deps = np.array([len(deps) for deps in topology.deps], dtype=np.int64)
-        self.output = topology.output
-        self.visits = np.ascontiguousarray(workload.visits).reshape(-1)
-        self.pending = np.tile(self.n_deps.astype(np.int32), workload.size)
-        self.stack = np.zeros(len(topology), dtype=np.int64)
-        self.ready = np.zeros(len(topology) + 1, dtype=np.int64)
-
-    def release(self, q: int, m: int) -> list[int]:
-        """Stage m is done for query q (m = -1: q arrived): the stages q is now queued
-        at, in order, and -1 when q is answered."""
-        count = release(
-            q, m, self.pending, self.visits, self.child_ptr, self.child_idx, self.n_deps,
-            self.output, self.stack, self.ready,
-        )  # fmt: skip
-        return list(self.ready[:count].tolist())
+def simulated_profile(profile: PipelineProfile) -> PipelineProfile:
+    """``profile`` as the event simulation takes it: one without a measured serving
+    overhead gets a router that costs nothing, its constant hop and no request path
+    (the estimator's stage-by-stage model)."""
+    if profile.overhead is not None:
+        return profile
+    free = ServingOverhead(0.0, 0.0, 0.0, 0.0, (profile.hop_s,), (0.0,))
+    return dataclasses.replace(profile, overhead=free)
 
 
 class _Simulation:
-    """The event loop. Heap entries are (time, sequence, stage, replica, batch); a batch
-    of None is an activation."""
+    """The closed loop around the event simulation (:class:`Segments`): activations
+    waiting in a heap of (time, sequence, stage, replica), the policy called every tick."""
 
     def __init__(
         self,
@@ -135,199 +108,186 @@ class _Simulation:
                 f"pipeline has {len(topology)}"
             )
         self.topology = topology
+        self.profile = simulated_profile(profile)
         self.policy = policy
         self.settings = settings
         self.n_stages = len(topology)
         self.arrivals_s = workload.arrivals_s
-        self.arrivals = workload.arrivals_s.tolist()
-        self.graph = _Graph(topology, workload)
-        self.latency = [math.nan] * workload.size
-        self.profile = profile
-        self.visits_m = [int(np.count_nonzero(workload.visits[:, m])) for m in range(len(topology))]
-        self.stages: list[Stage] = []
-        for m, cfg in enumerate(policy.config):
-            stage = Stage(self._config(m, cfg))
-            for _ in range(cfg.replicas):
-                stage.new_replica(serving=True, now=0.0)
-            self.stages.append(stage)
-        self.heap: list[tuple[float, int, int, Replica, list[int] | None]] = []
+        self.rows: dict[tuple[int, str, int], int] = {}
+        self.row_list: list[tuple[int, StageConfig]] = []
+        configs = [self._config(m, cfg) for m, cfg in enumerate(policy.config)]
+        inputs = routed_inputs(
+            topology,
+            self.profile,
+            policy.config,
+            workload,
+            settings.service,
+            settings.seed,
+            policy.routers,
+        )
+        n_on = sum(c.replicas for c in policy.config)
+        self.sim = Segments(inputs, slots=2 * n_on)
+        self.free = list(range(n_on, 2 * n_on))  # a heap of free slots
+        self.stages = [Stage(cfg) for cfg in configs]
+        for slot, m in enumerate(self.sim.state.rep["stage"][:n_on].tolist()):
+            self.stages[m].add(slot, serving=True)
+        self.pending: list[tuple[float, int, int, Replica]] = []
         self.seq = 0
-        self.pushes: list[list[int]] = [[] for _ in range(self.n_stages)]
-        self.touched: list[int] = []  # stages with pushes at this instant
-        self.freed: list[tuple[int, Replica]] = []
-        self.in_system = 0
-        self.sys_area = 0.0
-        self.sys_last = 0.0
         self.events: list[ScaleEvent] = []
-        self.next_q = 0  # next arrival to process
         self.fed_q = 0  # next arrival to show the policy
         self.sys_snap = 0.0
 
     # -- replicas -------------------------------------------------------------------------
 
     def _config(self, m: int, cfg: StageConfig) -> Config:
-        settings = self.settings
-        draws = service_draws(
-            self.profile.stage(self.topology.stages[m], cfg.hardware),
-            cfg.max_batch,
-            settings.service,
-            self.profile.hop_s,
-            self.visits_m[m],
-            seed=settings.seed,
-            stage=m,
-        )
-        fixed = None
-        if not draws.cols.size and not draws.scales.size:
-            fixed = [draws.time_s(0, k) for k in range(draws.table_s.shape[0])]
-        return Config(cfg, draws, fixed, settings.prices_per_hour.get(cfg.hardware, 0.0))
+        """Stage m's configuration ``cfg``, its row in the simulation's arrays (added when
+        new: the caller hands the simulation the new rows)."""
+        key = (m, cfg.hardware, cfg.max_batch)
+        if key not in self.rows:
+            self.rows[key] = len(self.row_list)
+            self.row_list.append((m, cfg))
+        price = self.settings.prices_per_hour.get(cfg.hardware, 0.0)
+        return Config(cfg, self.rows[key], price)
+
+    def _slot(self) -> int:
+        if not self.free:
+            n = self.sim.state.rep.shape[0]
+            self.sim.grow(2 * n)
+            self.free = list(range(n, 2 * n))
+        return heapq.heappop(self.free)
+
+    def _remove(self, stage: Stage, replica: Replica) -> None:
+        stage.remove(replica)
+        heapq.heappush(self.free, replica.slot)
+
+    def _leave(self, stage: Stage, replica: Replica) -> None:
+        """``replica`` (serving) leaves: at once when idle, else after its batch."""
+        if self.sim.retire(replica.slot):
+            self._remove(stage, replica)
+        else:
+            stage.retire(replica)
+
+    def _start(self, m: int, stage: Stage, now: float) -> None:
+        replica = stage.add(self._slot(), serving=False)
+        heapq.heappush(self.pending, (now + self.settings.activation_delay_s, self.seq, m, replica))
+        self.seq += 1
+
+    def _activate(self, m: int, replica: Replica, now: float) -> None:
+        if not replica.alive:  # cancelled while starting
+            return
+        stage = self.stages[m]
+        stage.acc(now)
+        stage.serves(replica)
+        self.sim.activate(replica.slot, m, replica.cfg.row)
+        self._handover(stage)
+
+    def _handover(self, stage: Stage) -> None:
+        """Once every replica of the stage's configuration serves, the earlier
+        configurations' replicas leave: idle ones at once, busy ones after their batch."""
+        if not stage.old or stage.n_starting:
+            return
+        for replica in list(stage.replicas.values()):
+            if replica.cfg is not stage.cfg and not replica.retiring:
+                self._leave(stage, replica)
+
+    def _settle(self) -> None:
+        """Remove the replicas that left after their batch, each at its time."""
+        t_off = self.sim.state.rep["t_off"]
+        phase = self.sim.state.rep["phase"]
+        for stage in self.stages:
+            gone = [r for r in stage.replicas.values() if r.retiring and phase[r.slot] == OFF]
+            for replica in sorted(gone, key=lambda r: float(t_off[r.slot])):
+                stage.acc(float(t_off[replica.slot]))
+                self._remove(stage, replica)
+
+    def _run_to(self, t: float) -> None:
+        """Every event up to t, activations included, in time order."""
+        pending = self.pending
+        while pending and pending[0][0] <= t:
+            at = pending[0][0]
+            self.sim.run_until(at)
+            self._settle()
+            while pending and pending[0][0] == at:
+                _, _, m, replica = heapq.heappop(pending)
+                self._activate(m, replica, at)
+        self.sim.run_until(t)
+        self._settle()
 
     def _reconfigure(self, m: int, cfg: StageConfig, now: float) -> None:
         """Serve stage m with ``cfg`` from now on: ``cfg.replicas`` new replicas start; the
-        current ones serve on, uncounted, until all of them serve (:meth:`Stage.handover`)."""
+        current ones serve on, uncounted, until all of them serve (:meth:`_handover`)."""
         stage = self.stages[m]
         stage.acc(now)
         current = stage.desired
-        stage.reconfigure(self._config(m, cfg))
+        rows = len(self.row_list)
+        config = self._config(m, cfg)
+        if len(self.row_list) > rows:
+            self.sim.reconfigure(
+                with_configurations(
+                    self.sim.inputs,
+                    self.topology,
+                    self.profile,
+                    self.row_list,
+                    self.settings.service,
+                    self.settings.seed,
+                )
+            )
+        for replica in stage.reconfigure(config):
+            heapq.heappush(self.free, replica.slot)
         self.events.append(ScaleEvent(now, self.topology.stages[m], current, cfg.replicas, cfg))
         for _ in range(cfg.replicas):
             self._start(m, stage, now)
 
-    def _start(self, m: int, stage: Stage, now: float) -> None:
-        replica = stage.new_replica(serving=False, now=now)
-        ready_at = now + self.settings.activation_delay_s
-        heapq.heappush(self.heap, (ready_at, self.seq, m, replica, None))
-        self.seq += 1
-
     def _scale(self, m: int, target: int, now: float) -> None:
+        """Count ``target`` replicas. Up: the leaving ones stay first (they run already),
+        then new ones start. Down: starting ones are cancelled, then idle ones leave, then
+        busy ones after their batch (youngest first)."""
         stage = self.stages[m]
         stage.acc(now)
         current = stage.desired
         if target == current:
             return
         self.events.append(ScaleEvent(now, self.topology.stages[m], current, target))
-        for _ in range(stage.scale(target)):
-            self._start(m, stage, now)
-
-    # -- queries --------------------------------------------------------------------------
-
-    def _finish(self, q: int, m: int, t: float) -> None:
-        """Stage m completed query q at t (m = -1: q arrived): q goes to the stages ready
-        for it (the dispatch rule's :func:`~sloline.planner.sim.rule.release`), and is
-        answered once the output stage is done."""
-        for c in self.graph.release(q, m):
-            if c < 0:
-                self.latency[q] = t - self.arrivals[q]
-                self._system(t, -1)
-                continue
-            items = self.pushes[c]
-            if not items:
-                self.touched.append(c)
-            items.append(q)
-
-    def _arrive(self, q: int, t: float) -> None:
-        self._system(t, 1)
-        self._finish(q, -1, t)
-
-    def _system(self, t: float, delta: int) -> None:
-        self.sys_area += self.in_system * (t - self.sys_last)
-        self.sys_last = t
-        self.in_system += delta
-
-    def _dispatch(self, m: int, stage: Stage, replica: Replica, batch: list[int], t: float) -> None:
-        k, cfg = len(batch), replica.cfg
-        if cfg.occupancy is not None:
-            duration = cfg.occupancy[k]
-        else:
-            duration = cfg.draws.time_s(stage.batches, k)
-        stage.batches += 1
-        stage.busy += 1
-        stage.in_service += k
-        replica.busy = True
-        heapq.heappush(self.heap, (t + duration, self.seq, m, replica, batch))
-        self.seq += 1
-
-    def _instant(self, t: float) -> None:
-        """Everything that happens at time t, in the router's order: arrivals and batch
-        completions release items; the pushes go, in query order, alone to replicas idle
-        before t or into the queue; then replicas freed at t take batches."""
-        arrivals, n = self.arrivals, len(self.arrivals)
-        while self.next_q < n and arrivals[self.next_q] == t:
-            self._arrive(self.next_q, t)
-            self.next_q += 1
-        heap = self.heap
-        while heap and heap[0][0] == t:
-            _, _, m, replica, batch = heapq.heappop(heap)
-            self._complete(m, replica, batch, t)
-        for m in self.touched:
-            items = self.pushes[m]
-            self._push(m, items, t)
-            items.clear()
-        self.touched.clear()
-        freed = self.freed
-        if len(freed) > 1:
-            freed.sort(key=lambda f: (f[0], f[1].rid))
-        for m, replica in freed:
-            if not replica.alive:  # handed over at this instant
-                continue
-            stage = self.stages[m]
-            queue = stage.queue
-            if queue:
-                k = min(len(queue), replica.cfg.max_batch)
-                self._dispatch(m, stage, replica, [queue.popleft() for _ in range(k)], t)
-            else:
-                heapq.heappush(stage.idle, replica.rid)
-        freed.clear()
-
-    def _complete(self, m: int, replica: Replica, batch: list[int] | None, t: float) -> None:
-        stage = self.stages[m]
-        stage.acc(t)
-        if batch is None:  # an activation
-            if replica.alive:
-                replica.serving = True
-                replica.idle_since = t
-                stage.n_starting -= 1
-                stage.n_ready += 1
-                self.freed.append((m, replica))
-                stage.handover()
+        mine = [r for r in stage.replicas.values() if r.cfg is stage.cfg]
+        if target > current:
+            add = target - current
+            for replica in [r for r in mine if r.retiring][:add]:
+                self.sim.stay(replica.slot)
+                stage.stay(replica)
+                add -= 1
+            for _ in range(add):
+                self._start(m, stage, now)
             return
-        stage.busy -= 1
-        stage.in_service -= len(batch)
-        replica.busy = False
-        replica.idle_since = t
-        if replica.retiring:
-            stage.remove(replica)
-        else:
-            self.freed.append((m, replica))
-        for q in batch:
-            self._finish(q, m, t)
-
-    def _push(self, m: int, items: list[int], t: float) -> None:
-        stage = self.stages[m]
-        stage.acc(t)
-        idle = stage.idle
-        if len(items) > 1:
-            items.sort()
-        elif not idle:
-            stage.queue.append(items[0])
-            return
-        start = 0
-        while idle and start < len(items):  # an idle replica takes a lone item
-            replica = stage.replicas[heapq.heappop(idle)]
-            self._dispatch(m, stage, replica, [items[start]], t)
-            start += 1
-        stage.queue.extend(items[start:])
+        drop = current - target
+        live = [r for r in reversed(mine) if not r.retiring]
+        for replica in [r for r in live if not r.serving][:drop]:
+            self._remove(stage, replica)
+            drop -= 1
+        phase = self.sim.state.rep["phase"]
+        idle = [r for r in live if r.serving and phase[r.slot] == IDLE]
+        busy = [r for r in live if r.serving and phase[r.slot] != IDLE]
+        for replica in (idle + busy)[:drop]:
+            self._leave(stage, replica)
+        self._handover(stage)  # cancelled starters may complete one
 
     # -- policy ---------------------------------------------------------------------------
 
     def _observe(self, t: float, envelope: StreamingEnvelope | None) -> Observation:
         tick = self.settings.tick_s
+        state = self.sim.state
+        stg, rep, sim = state.stg, state.rep, state.sim[0]
+        since = t - stg["last"]
+        items = stg["ong_area"] + stg["ongoing"] * since
+        busy = stg["busy_area"] + stg["n_busy"] * since
+        sq = state.sq.reshape(-1, self.n_stages)
+        queued = (sq["q_tail"] - sq["q_head"]).sum(axis=0)
         views = []
-        for name, stage in zip(self.topology.stages, self.stages, strict=True):
+        for m, (name, stage) in enumerate(zip(self.topology.stages, self.stages, strict=True)):
             stage.acc(t)
-            ong, busy, ready = stage.snap
-            stage.snap = (stage.ong_area, stage.busy_area, stage.ready_area)
+            ong, was_busy, ready = stage.snap
+            stage.snap = (float(items[m]), float(busy[m]), stage.ready_area)
             idle_for = tuple(
-                0.0 if r.busy else t - r.idle_since
+                t - float(rep["idle_since"][r.slot]) if rep["phase"][r.slot] == IDLE else 0.0
                 for r in stage.replicas.values()
                 if r.serving and not r.retiring and r.cfg is stage.cfg
             )
@@ -337,33 +297,34 @@ class _Simulation:
                     desired=stage.desired,
                     ready=stage.n_ready,
                     starting=stage.n_starting,
-                    queued=len(stage.queue),
-                    in_service=stage.in_service,
-                    mean_ongoing=(stage.ong_area - ong) / tick,
-                    busy_replica_s=stage.busy_area - busy,
+                    queued=int(queued[m]),
+                    in_service=int(stg["ongoing"][m] - queued[m]),
+                    mean_ongoing=(float(items[m]) - ong) / tick,
+                    busy_replica_s=float(busy[m]) - was_busy,
                     ready_replica_s=stage.ready_area - ready,
                     idle_for_s=idle_for,
                 )
             )
-        self._system(t, 0)
-        mean_in_system = (self.sys_area - self.sys_snap) / tick
-        self.sys_snap = self.sys_area
+        sys_area = float(sim["sys_area"] + sim["in_system"] * max(0.0, t - sim["sys_last"]))
+        mean_in_system = (sys_area - self.sys_snap) / tick
+        self.sys_snap = sys_area
+        seen_q = int(np.searchsorted(self.arrivals_s, t, side="right"))
         env = lambdas = None
         if envelope is not None:
-            envelope.observe_many(self.arrivals_s[self.fed_q : self.next_q])
+            envelope.observe_many(self.arrivals_s[self.fed_q : seen_q])
             env, lambdas = envelope.envelope(t), envelope.lambdas(t)
         recent = None
         if self.policy.arrivals_lookback_s > 0.0:
-            seen = self.arrivals_s[: self.next_q]
+            seen = self.arrivals_s[:seen_q]
             recent = seen[np.searchsorted(seen, t - self.policy.arrivals_lookback_s) :]
-        arrived = self.next_q - self.fed_q
-        self.fed_q = self.next_q
+        arrived = seen_q - self.fed_q
+        self.fed_q = seen_q
         return Observation(
             now_s=t,
             tick_s=tick,
             stages=tuple(views),
             arrivals=arrived,
-            in_system=self.in_system,
+            in_system=int(sim["in_system"]),
             mean_in_system=mean_in_system,
             envelope=env,
             lambdas_rps=lambdas or (),
@@ -384,40 +345,27 @@ class _Simulation:
                 lambda_lookback_s=settings.lambda_lookback_s,
             )
         state = policy.state
-        replica_s: tuple[float, ...] = ()
-        cost_usd = 0.0
-        cost_rate: list[float] = []
         desired: list[list[int]] = []
         ready: list[list[int]] = []
         billed: list[list[int]] = []
-        k = 1
-        n = len(self.arrivals)
-        while True:
-            t_next = min(
-                self.arrivals[self.next_q] if self.next_q < n else math.inf,
-                self.heap[0][0] if self.heap else math.inf,
-            )
+        cost_rate: list[float] = []
+        for k in range(1, n_ticks + 1):
             t_tick = k * tick
-            if k <= n_ticks and t_tick < t_next:
-                observation = self._observe(t_tick, envelope)
-                if policy.step is not None:
-                    targets, state = policy.step(observation, state)
-                    self._apply(targets, t_tick)
-                desired.append([s.desired for s in self.stages])
-                ready.append([s.n_ready for s in self.stages])
-                billed.append([s.billed for s in self.stages])
-                cost_rate.append(sum(s.cost_rate for s in self.stages))
-                if k == n_ticks:
-                    replica_s = tuple(s.billed_area for s in self.stages)
-                    cost_usd = sum(s.cost_area for s in self.stages) / 3600.0
-                k += 1
-                continue
-            if t_next == math.inf:
-                break
-            self._instant(t_next)
+            self._run_to(t_tick)
+            observation = self._observe(t_tick, envelope)
+            if policy.step is not None:
+                targets, state = policy.step(observation, state)
+                self._apply(targets, t_tick)
+            desired.append([s.desired for s in self.stages])
+            ready.append([s.n_ready for s in self.stages])
+            billed.append([s.billed for s in self.stages])
+            cost_rate.append(sum(s.cost_rate for s in self.stages))
+        replica_s = tuple(s.billed_area for s in self.stages)
+        cost_usd = sum(s.cost_area for s in self.stages) / 3600.0
+        self._run_to(math.inf)  # drain: every query is answered
         ticks = np.arange(1, n_ticks + 1, dtype=np.float64) * tick
         return Run(
-            latencies_s=np.array(self.latency, dtype=np.float64),
+            latencies_s=self.sim.answered - self.arrivals_s,
             ticks_s=ticks,
             desired=np.array(desired, dtype=np.int64),
             ready=np.array(ready, dtype=np.int64),

@@ -72,8 +72,9 @@ class Policy:
     """A scaling policy to simulate: the initial configuration (one
     :class:`~sloline.planner.config.StageConfig` per stage, topology order), the pure
     ``step`` called every tick with its ``state`` (None: a static configuration), the
-    envelope windows it observes (empty: the envelope is not computed) and how far back
-    it sees the arrival times themselves (0: not at all)."""
+    envelope windows it observes (empty: the envelope is not computed), how far back
+    it sees the arrival times themselves (0: not at all), and how many routers the
+    requests spread over (its plan's)."""
 
     name: str
     config: tuple[StageConfig, ...]
@@ -81,6 +82,7 @@ class Policy:
     state: Any = None
     envelope_windows_s: tuple[float, ...] = ()
     arrivals_lookback_s: float = 0.0
+    routers: int = 1
 
 
 @dataclass(frozen=True, slots=True)

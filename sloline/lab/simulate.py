@@ -291,13 +291,19 @@ def build_policy(
     replaced by the live trace for the oracle). Raises
     :class:`~sloline.planner.planner.InfeasibleError` when the policy has no
     configuration (e.g. no plan meets the SLO on the whole trace)."""
-    stages = problem.topology.stages
-    bounds = [problem.replica_bounds(s) for s in stages]
-    if name == "plan":
-        return Policy("plan", plan.config)
     if name == "oracle":
         oracle = make_plan(dataclasses.replace(problem, arrivals_s=trace.arrivals_s))
-        return Policy("oracle", oracle.config)
+        return Policy("oracle", oracle.config, routers=oracle.routers)
+    # every other policy serves with the plan's routers
+    return dataclasses.replace(_from_plan(name, problem, plan, settings), routers=plan.routers)
+
+
+def _from_plan(
+    name: str, problem: PlanningProblem, plan: Plan, settings: SimulationSettings
+) -> Policy:
+    bounds = [problem.replica_bounds(s) for s in problem.topology.stages]
+    if name == "plan":
+        return Policy("plan", plan.config)
     if name in {"inferline", "inferline-paper"}:
         tuner = _tuner_settings(plan, settings)
         return _inferline(problem, plan, tuner, literal=name == "inferline-paper")

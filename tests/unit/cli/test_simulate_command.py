@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from sloline.cli import main
@@ -16,7 +17,8 @@ from sloline.lab import cli as lab_cli
 from sloline.lab import simulate as lab_simulate
 from sloline.lab.simulate import simulate
 from sloline.lab.synthetic import random_problem
-from sloline.lab.traces import Trace
+from sloline.lab.traces import Trace, standard_traces
+from sloline.planner.estimator import Workload, estimate
 from sloline.planner.overhead import ServingOverhead
 from sloline.planner.plan import Plan
 from sloline.planner.planner import plan
@@ -127,21 +129,44 @@ def test_simulate_json_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:
     assert row["trace"] == "spike" and row["policy"] == "plan" and 0 <= row["attainment"] <= 1
 
 
-def test_simulate_says_that_it_leaves_out_the_measured_serving_overhead(
+def test_simulate_pays_the_measured_serving_overhead_as_the_estimator_does(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The plan held through `sloline simulate` has the estimator's P99 on the same trace,
+    with a measured router and without one, and a busier router raises both."""
     problem = random_problem(5, duration_s=20.0, rate_rps=40.0)
     problem = dataclasses.replace(problem, slo_s=problem.slo_s * 1.5)
     started = plan(problem)
-    router = ServingOverhead(0.001, 0.0002, 0.0001, 0.0001, (0.0004,), (0.0003,))
-    measured = dataclasses.replace(
-        problem, profile=dataclasses.replace(problem.profile, overhead=router)
-    )
     plugins(monkeypatch, SIMULATE)
     monkeypatch.setattr(lab_cli, "load_pipeline", lambda file: file)
-    for chosen, noted in ((problem, False), (measured, True)):
+    (spike,) = [t for t in standard_traces(started.rate_rps, scale=0.1) if t.name == "spike"]
+    tails = []
+    for router_cpu_s in (None, 0.001, 0.004):
+        overhead = None
+        if router_cpu_s is not None:
+            overhead = ServingOverhead(router_cpu_s, 0.0002, 0.0001, 0.0001, (0.0004,), (0.0003,))
+        chosen = dataclasses.replace(
+            problem, profile=dataclasses.replace(problem.profile, overhead=overhead)
+        )
         session = SimpleNamespace(problem=chosen, plan=started)
         monkeypatch.setattr(lab_cli, "plan_session", lambda *_, s=session: s)
         argv = ["simulate", "p.yaml", "--trace", "spike", "--scale", "0.1", "--policies", "plan"]
-        assert main(argv) == 0
-        assert (lab_cli.UNSIMULATED_OVERHEAD in capsys.readouterr().err) is noted
+        assert main([*argv, "-o", "json"]) == 0
+        (row,) = json.loads(capsys.readouterr().out)["results"]
+        workload = Workload.build(
+            chosen.topology, chosen.profile, spike.arrivals_s, seed=chosen.seed
+        )
+        estimated = estimate(
+            chosen.topology,
+            chosen.profile,
+            started.config,
+            workload,
+            service=chosen.service,
+            seed=chosen.seed,
+            routers=started.routers,
+        )
+        tail = np.percentile(estimated.latencies_s, chosen.percentile, method="inverted_cdf")
+        p99_ms = float(tail) * 1e3
+        assert row["tailMs"] == pytest.approx(p99_ms, rel=1e-9)
+        tails.append(row["tailMs"])
+    assert tails[0] < tails[1] < tails[2]
