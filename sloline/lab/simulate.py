@@ -69,6 +69,7 @@ from sloline.tuner.policy import (
     estimate_load,
 )
 from sloline.tuner.replan import ReplanSettings, choose, plan_recent
+from sloline.tuner.sources import device_caps
 
 __all__ = [
     "POLICIES",
@@ -140,8 +141,13 @@ def _tune(
     on stages with the effective rho_m and mu_m the live loop gives them
     (:func:`~sloline.tuner.policy.effective_rates`, as
     :func:`sloline.tuner.sources.stage_tunings`); ``literal`` feeds it §5's rates
-    instead of the default estimate."""
-    bounds = [problem.replica_bounds(s.name) for s in plan.stages]
+    instead of the default estimate. Its bounds are the spec's, on a class with a device
+    bound no more than :func:`~sloline.tuner.sources.device_caps` allows, as live."""
+    devices = device_caps(plan)
+    bounds = [
+        (lo, min(hi, devices.get(s.name, hi)))
+        for s, (lo, hi) in ((s, problem.replica_bounds(s.name)) for s in plan.stages)
+    ]
     at_floor = [s.replicas <= lo for s, (lo, _) in zip(plan.stages, bounds, strict=True)]
     rhos, mus = effective_rates(plan.stages, at_floor)
 

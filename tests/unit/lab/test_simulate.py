@@ -716,3 +716,16 @@ def test_at_the_planned_load_the_tuner_stays_near_the_plan_where_r_max_over_prov
     assert planned > 1  # the planner chose this stage's slack
     assert ours.cost_usd < paper.cost_usd
     assert int(ours.run.desired.max()) <= planned + 1 < int(paper.run.desired.max())
+
+
+def test_the_simulated_tuner_keeps_to_the_device_bound_as_the_live_one() -> None:
+    """A GPU stage on a class of 3 devices, a x5 surge that asks for 5 replicas: the tuner
+    scales it up to the devices and no further."""
+    from tests.unit.planner.test_devices import gpu_chain
+
+    problem = gpu_chain(150.0, 0.1, hardware_devices={"gpu": 3})
+    trace = spike_trace(150.0, factor=5.0, at_s=10.0, decay_s=60.0, duration_s=40.0, seed=2)
+    start = plan(dataclasses.replace(problem, arrivals_s=trace.planning_s))
+    (result,) = simulate(problem, [trace], plan=start, policies=["inferline"]).results
+    gpu = [m for m, c in enumerate(start.config) if c.hardware == "gpu"]
+    assert gpu and int(result.run.desired[:, gpu].sum(axis=1).max()) == 3
