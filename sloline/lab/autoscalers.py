@@ -41,7 +41,7 @@ coarse-grained AutoScale baseline scales the whole pipeline as one unit (InferLi
   packing factor ``p`` (requests one unit holds while still meeting the SLO, profiled
   offline: :func:`packing_factor`); scale-down only by turning off a unit after it has
   been idle for ``t_wait`` (120 s in the paper), with index-packing dispatch so that the
-  excess units go idle (the simulator dispatches lowest replica id first).
+  excess units go idle (the simulator dispatches lowest replica slot first for it).
 """
 
 from __future__ import annotations

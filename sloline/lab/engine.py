@@ -22,12 +22,14 @@ and sets, so a replica that is starting is never requested twice. A scale-down t
 effect at once: it cancels starting replicas first (youngest first), then removes idle
 ones (youngest first), then marks busy ones to leave after their batch — queued work
 always stays queued, so no query is ever dropped. A new replica is a cold worker (its
-stage's idle penalty) and joins the end of its stage's idle ring, as the router's
-longest-idle-first rule has it. A target may also be a configuration (another hardware
-class or max batch, :mod:`sloline.tuner.replan`): its replicas start as a scale-up's;
-the stage's current replicas serve on, each with its own batch limit and service times,
-uncounted, until every new one serves, then leave as a scale-down's (a rolling update
-with surge). Cost is billed per replica at its own hardware's price.
+stage's idle penalty) and joins the end of its stage's idle ring: idle replicas take
+work longest idle first, the router's rule, or lowest slot first for a policy whose own
+load balancer packs (:attr:`~sloline.lab.loop.Policy.index_packing`, AutoScale). A
+target may also be a configuration (another hardware class or max batch,
+:mod:`sloline.tuner.replan`): its replicas start as a scale-up's; the stage's current
+replicas serve on, each with its own batch limit and service times, uncounted, until
+every new one serves, then leave as a scale-down's (a rolling update with surge). Cost
+is billed per replica at its own hardware's price.
 
 Pure: no I/O, no clock, no global state; deterministic for the same inputs and seed.
 """
@@ -126,7 +128,7 @@ class _Simulation:
             policy.routers,
         )
         n_on = sum(c.replicas for c in policy.config)
-        self.sim = Segments(inputs, slots=2 * n_on)
+        self.sim = Segments(inputs, slots=2 * n_on, packing=policy.index_packing)
         self.free = list(range(n_on, 2 * n_on))  # a heap of free slots
         self.stages = [Stage(cfg) for cfg in configs]
         for slot, m in enumerate(self.sim.state.rep["stage"][:n_on].tolist()):

@@ -73,8 +73,10 @@ class Policy:
     :class:`~sloline.planner.config.StageConfig` per stage, topology order), the pure
     ``step`` called every tick with its ``state`` (None: a static configuration), the
     envelope windows it observes (empty: the envelope is not computed), how far back
-    it sees the arrival times themselves (0: not at all), and how many routers the
-    requests spread over (its plan's)."""
+    it sees the arrival times themselves (0: not at all), how many routers the requests
+    spread over (its plan's), and whether idle replicas take work lowest-numbered first
+    (``index_packing``, AutoScale's load balancer) rather than longest idle first (the
+    router's rule)."""
 
     name: str
     config: tuple[StageConfig, ...]
@@ -83,6 +85,7 @@ class Policy:
     envelope_windows_s: tuple[float, ...] = ()
     arrivals_lookback_s: float = 0.0
     routers: int = 1
+    index_packing: bool = False
 
 
 @dataclass(frozen=True, slots=True)

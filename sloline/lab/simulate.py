@@ -281,7 +281,7 @@ def _cg_autoscale(problem: PlanningProblem, settings: SimulationSettings) -> Pol
     def step(observation: Observation, state: None) -> tuple[Targets, None]:
         return autoscale_step(observation, auto), state
 
-    return Policy("cg-autoscale", config, step)
+    return Policy("cg-autoscale", config, step, index_packing=True)
 
 
 def build_policy(

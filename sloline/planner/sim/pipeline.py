@@ -391,12 +391,14 @@ class Segments:
     """The routed simulation run in segments, for a closed loop that changes the replicas
     between them (:mod:`sloline.lab.engine`): :meth:`run_until` handles every event up to
     a time; :meth:`activate` and :meth:`retire` start and stop replica slots at that time;
-    :meth:`reconfigure` swaps in inputs with more configuration rows."""
+    :meth:`reconfigure` swaps in inputs with more configuration rows. ``packing``: idle
+    replicas are taken lowest slot first (index packing) instead of longest idle first."""
 
-    def __init__(self, inputs: PipelineInputs, slots: int) -> None:
+    def __init__(self, inputs: PipelineInputs, slots: int, *, packing: bool = False) -> None:
         self.inputs = _prepared(inputs)
         self.enter_t, self.enter_q = _entries(self.inputs)
         self.state = State.start(self.inputs, slots)
+        self.state.sim["packing"] = int(packing)
         self.answered = np.full(self.inputs.arrivals_s.shape[0], np.nan)
 
     @property

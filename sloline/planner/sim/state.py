@@ -56,6 +56,9 @@ SIM = np.dtype(
         # Where the loop stopped (its time, the next query to enter), for a run resumed in
         # segments; queries entered and not answered, and their integral over time.
         ("now", _F), ("next_q", _I), ("in_system", _I), ("sys_area", _F), ("sys_last", _F),
+        # 1: an idle replica is taken lowest-numbered first (index packing), not longest
+        # idle first.
+        ("packing", _I),
     ]
 )  # fmt: skip
 # A router: idle since; a job just found it idle (woken); a finished job of its own is
@@ -271,9 +274,16 @@ def _sort_batch(queue: IntArray, m: int, lo: int, k: int) -> None:
 
 
 @inlined
-def _take_idle(stg: Records, idle: IntArray, m: int) -> int:
-    """Stage m's longest idle replica, now no longer idle."""
+def _take_idle(stg: Records, idle: IntArray, m: int, packing: int) -> int:
+    """Stage m's longest idle replica, or with ``packing`` its lowest-numbered idle one,
+    now no longer idle."""
     st = stg[m]
+    if packing:
+        r = idle[st.first + st.idle_head]
+        for i in range(1, st.idle_count):
+            r = min(r, idle[st.first + (st.idle_head + i) % st.slots])
+        remove_idle(stg, idle, m, r)
+        return int(r)
     r = idle[st.first + st.idle_head]
     st.idle_head = (st.idle_head + 1) % st.slots
     st.idle_count -= 1
@@ -355,7 +365,7 @@ def dispatch(inputs: PipelineInputs, st: State, m: int, now: float) -> None:
         row = router * stg.shape[0] + m
         sq = st.sq[row]
         lo = sq.q_head
-        r = _take_idle(stg, st.idle, m)
+        r = _take_idle(stg, st.idle, m, sim[0].packing)
         replica = rep[r]
         k = min(sq.q_tail - lo, inputs.max_batch[replica.cfg])
         _sort_batch(st.queue, row, lo, k)

@@ -190,6 +190,26 @@ def scripted(name: str, replicas: int, script: dict[float, int], max_batch: int 
     return Policy(name, (StageConfig("hw", max_batch, replicas),), step)
 
 
+@pytest.mark.parametrize("packing", [False, True])
+def test_idle_replicas_take_work_longest_idle_first_or_packed(packing: bool) -> None:
+    """Three replicas, one query of 10 ms every 100 ms: the router's rule spreads them
+    over all three (none idle for long); AutoScale's index packing serves them all on
+    one, so that the other two stay idle from the start."""
+    topology, profile = one_stage(0.01)
+    workload = Workload.build(topology, profile, np.arange(0.05, 5.0, 0.1))
+    seen: list[tuple[float, ...]] = []
+
+    def step(observation: Observation, state: None) -> tuple[tuple[int, ...], None]:
+        seen.append(observation.stages[0].idle_for_s)
+        return (3,), state
+
+    policy = Policy("p", (StageConfig("hw", 1, 3),), step, index_packing=packing)
+    run_closed_loop(topology, profile, workload, policy, duration_s=4.0)
+    assert len(seen) == 4 and all(len(idle) == 3 for idle in seen)
+    long_idle = [sum(1 for s in idle if s > 0.5) for idle in seen]
+    assert long_idle == ([2, 2, 2, 2] if packing else [0, 0, 0, 0])
+
+
 def test_a_scale_up_serves_only_after_the_activation_delay() -> None:
     topology, profile = one_stage(10.0)
     workload = Workload.build(topology, profile, [0.5, 0.5, 0.5])
