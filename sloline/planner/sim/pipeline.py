@@ -347,7 +347,7 @@ def _result(state: State, answered: FloatArray) -> PipelineRun:
         answered,
         stg["visited"].copy(),
         stg["batches"].copy(),
-        stg["busy"].copy(),
+        stg["busy_area"].copy(),
         float(sim["busy"]),
         float(sim["cpu"]),
     )
@@ -426,6 +426,3 @@ class Segments:
     def grow(self, slots: int) -> None:
         """Room for ``slots`` replicas in all."""
         self.state = self.state.grown(slots)
-
-    def result(self) -> PipelineRun:
-        return _result(self.state, self.answered)

@@ -64,25 +64,25 @@ SIM = np.dtype(
 # A router: idle since; a job just found it idle (woken); a finished job of its own is
 # queueing the jobs it causes (they run in its wake).
 ROUTER = np.dtype([("idle_since", _F), ("woken", _I), ("in_wake", _I)])
-# A stage: batches, items and replica busy time so far; its ring of idle replicas (head,
-# count, first slot, size); items at the stage (queued or in a batch) and replicas with a
-# batch, with their integrals over time up to ``last``.
+# A stage: batches and items so far; its ring of idle replicas (head, count, first slot,
+# size); items at the stage (queued or in a batch) and replicas with a batch (dispatch to
+# result taken back), with their integrals over time up to ``last``.
 STAGE = np.dtype(
     [
-        ("batches", _I), ("visited", _I), ("busy", _F), ("idle_head", _I),
+        ("batches", _I), ("visited", _I), ("idle_head", _I),
         ("idle_count", _I), ("first", _I), ("slots", _I), ("ongoing", _I),
         ("ong_area", _F), ("n_busy", _I), ("busy_area", _F), ("last", _F),
     ]
 )  # fmt: skip
 STAGE_QUEUE = np.dtype([("q_head", _I), ("q_tail", _I)])
 # A replica: its stage and configuration (the row of the inputs' per-configuration
-# arrays); its batch's router, queue position, size and index at its stage; the dispatch;
-# the end of its half hop; its worker's end (the workers' virtual time); its last model
+# arrays); its batch's router, queue position, size and index at its stage; the end of
+# its half hop; its worker's end (the workers' virtual time); its last model
 # time's end; since when it is idle; whether it leaves after its batch, and when it left.
 REPLICA = np.dtype(
     [
         ("stage", _I), ("cfg", _I), ("phase", _I), ("router", _I), ("lo", _I), ("size", _I),
-        ("batch", _I), ("t_dispatch", _F), ("t_end", _F), ("vend", _F), ("last_end", _F),
+        ("batch", _I), ("t_end", _F), ("vend", _F), ("last_end", _F),
         ("idle_since", _F), ("leaving", _I), ("t_off", _F),
     ]
 )  # fmt: skip
@@ -371,7 +371,6 @@ def dispatch(inputs: PipelineInputs, st: State, m: int, now: float) -> None:
         _sort_batch(st.queue, row, lo, k)
         replica.router, replica.lo, replica.size, replica.batch = router, lo, k, stage.batches
         replica.phase = WAIT_DISPATCH
-        replica.t_dispatch = now
         stage_acc(stage, now)
         stage.n_busy += 1
         stage.batches += 1
@@ -453,7 +452,6 @@ def _result_taken(inputs: PipelineInputs, st: State, r: int, now: float) -> None
     replica = st.rep[r]
     m = replica.stage
     stage = st.stg[m]
-    stage.busy += now - replica.t_dispatch
     stage_acc(stage, now)
     stage.n_busy -= 1
     stage.ongoing -= replica.size
