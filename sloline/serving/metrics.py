@@ -73,6 +73,9 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # Reasons of sloline_stage_errors_total the router reports; their series start at 0 so
 # rate() and alerts see the first error.
 STAGE_ERROR_REASONS = ("model_error", "worker_lost")
+# Messages that move a worker's one credit between several routers (docs/architecture.md,
+# "Many routers"): received from workers, and sent to them.
+CREDIT_MESSAGE_KINDS = ("grant", "withdraw", "released", "backlog")
 # Why the router shed a request with 503 (sloline_admission_rejected_total): its
 # estimated finish was past its budget, max_inflight requests were in the router, or a
 # stage queue was full. (A draining router sheds nothing: it answers what still arrives.)
@@ -143,7 +146,7 @@ class RouterMetrics:
     The per-request families (requests by code, latency, time to admission, SLO misses,
     and per stage queue wait, batch sizes, service times) are plain counters and
     `Series` exported at scrape time by a collector, so recording costs well under a
-    microsecond; the rare-event counters (re-queues, stage errors) are ordinary
+    microsecond; the rare-event counters (re-queues, stage errors, credit messages) are ordinary
     prometheus_client counters. Each router exports its own series; Prometheus tells
     routers apart by the scrape's ``instance`` (and, on Kubernetes, ``pod``) label.
     """
@@ -180,6 +183,17 @@ class RouterMetrics:
             ["pipeline", "stage", "reason"],
             registry=registry,
         )
+        credit_messages = Counter(
+            "sloline_stage_credit_messages",
+            "Messages moving the credit of workers that serve several routers, by kind.",
+            ["pipeline", "stage", "kind"],
+            registry=registry,
+        )
+        self.credit_messages = {
+            (stage, kind): credit_messages.labels(pipeline, stage, kind)
+            for stage in self.batch_size
+            for kind in CREDIT_MESSAGE_KINDS
+        }
         for stage in self.batch_size:
             self.requeued.labels(pipeline, stage)
             for reason in STAGE_ERROR_REASONS:

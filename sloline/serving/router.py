@@ -424,15 +424,18 @@ class Router:
         routers"): released ones that their credit is back with them, standby ones that
         work is waiting."""
         head_age_s = queue.head_age(now)
+        counted = self.metrics.credit_messages
         for worker in step.released:
             if (conn := self.workers.get(str(worker))) is not None:
                 conn.send(wire.backlog_message(head_age_s, released=True))
+                counted[queue.stage, "released"].inc()
         if head_age_s is None:
             return
         message = wire.backlog_message(head_age_s)
         for worker in step.notify:
             if worker not in step.released and (conn := self.workers.get(str(worker))):
                 conn.send(message)
+                counted[queue.stage, "backlog"].inc()
 
     # ----------------------------------------------------------------- workers
     def replicas(self) -> dict[str, tuple[int, int]]:
@@ -485,6 +488,7 @@ class Router:
         queue = self.queues[conn.stage]
         now = self.clock()
         step = queue.grant(conn.id, now) if credit.grant else queue.withdraw(conn.id)
+        self.metrics.credit_messages[conn.stage, "grant" if credit.grant else "withdraw"].inc()
         self._perform(queue, step, now)
 
     def on_result(self, conn: WorkerConn, result: pb.Result, payload: memoryview) -> None:

@@ -79,6 +79,16 @@ def requests_served(metrics_url: str) -> float:
     return 0.0
 
 
+def credit_grants(metrics_url: str) -> float:
+    """Credits granted to this router by workers that serve several routers."""
+    with urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=5) as r:
+        return sum(
+            float(line.split()[-1])
+            for line in r.read().decode().splitlines()
+            if line.startswith("sloline_stage_credit_messages_total{") and 'kind="grant"' in line
+        )
+
+
 def scrape(url: str) -> bytes:
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
@@ -119,6 +129,11 @@ def test_every_router_serves_and_router_0_counts_all_arrivals(served: Background
     ]
     assert sum(counts) >= 90
     assert all(c > 0 for c in counts), counts  # the kernel spread connections over all three
+    # One worker per stage holds its one credit at one router at a time (the first it
+    # greeted): serving all three routers took at least two grants per stage, each counted
+    # by the router that received it.
+    urls = [p.metrics_url] + [r.metrics_url for r in p.extra_routers]
+    assert sum(map(credit_grants, urls)) >= 2 * 3
     # The other routers' arrivals reach router 0 within a flush interval.
     wait_for(lambda: len(ring.since(0.0)) >= 90, "router 0 to count every arrival", 5.0)
 

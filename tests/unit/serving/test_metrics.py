@@ -93,6 +93,11 @@ def test_stage_error_series_exist_before_the_first_error() -> None:
                 "sloline_stage_errors_total", {**labels, "reason": reason}
             )
             assert value == 0.0
+        for kind in ("grant", "withdraw", "released", "backlog"):
+            value = registry.get_sample_value(
+                "sloline_stage_credit_messages_total", {**labels, "kind": kind}
+            )
+            assert value == 0.0
     metrics.stage_errors.labels("p", "a", "model_error").inc(3)
     errors = {"pipeline": "p", "stage": "a", "reason": "model_error"}
     assert registry.get_sample_value("sloline_stage_errors_total", errors) == 3.0
