@@ -12,8 +12,10 @@ sloline refuses). Per router count and payload:
   copy with a 30 s SLO, so that deadlines and admission shed nothing at saturation:
   perf_analyzer stops at its first failed request);
 - P99 at 50 % of that max: open loop, Poisson arrivals (perf_analyzer's request-rate mode);
-- server CPU per request (every process of the server's tree) and each stage's mean
-  batch, over the closed-loop window at the best concurrency;
+- server CPU per request (every process of the server's tree), each stage's mean batch
+  and the credit protocol's messages per batch (`sloline_stage_credit_messages_total`
+  over `sloline_stage_batch_size_count`, every router), over the closed-loop window at
+  the best concurrency;
 - each router's share of the requests (the kernel spreads connections over the routers'
   SO_REUSEPORT sockets).
 
@@ -47,6 +49,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report import machine_info, save_results, table
+from serving import mean_batch
 from systems import CpuMeter, SlolineSystem, have_perf_analyzer, run_perf_analyzer
 
 HERE = Path(__file__).resolve().parent
@@ -107,12 +110,13 @@ def cell(pipeline: Path, routers: int, payload: str, replicas: int, max_batch: i
         concurrency = 8 * routers
         while concurrency <= max(512, 128 * routers):
             meter = CpuMeter(system.root_pid)
-            batches0, shares0 = system.batch_stats(), router_requests(system.metrics_urls)
+            text0, shares0 = system.scrape(), router_requests(system.metrics_urls)
             meter.start()
             r = perf_analyzer(system.port, elements, ["--concurrency-range", str(concurrency)],
                               window_ms, csv_path)  # fmt: skip
             cpu = meter.stop()
-            batches1, shares1 = system.batch_stats(), router_requests(system.metrics_urls)
+            text1, shares1 = system.scrape(), router_requests(system.metrics_urls)
+            batches0, batches1 = system.batch_stats(text0), system.batch_stats(text1)
             r["concurrency"] = concurrency
             log(f"r{routers} {payload} c={concurrency}: {json.dumps(r)[:200]}")
             record["closed"].append(r)
@@ -122,11 +126,11 @@ def cell(pipeline: Path, routers: int, payload: str, replicas: int, max_batch: i
             r["router_share"] = [round(s / max(1.0, sum(served)), 3) for s in served]
             r["server_cpu_ms_per_request"] = 1e3 * cpu["server_cpu_s"] / max(1.0, sum(served))
             r["machine_busy_cores"] = cpu["machine_busy_cores"]
-            r["mean_batch"] = {
-                s: (batches1[s][0] - batches0.get(s, (0, 0))[0])
-                / max(1.0, batches1[s][1] - batches0.get(s, (0, 0))[1])
-                for s in batches1
-            }
+            r["mean_batch"] = mean_batch(batches0, batches1)
+            batches = sum(c for _, c in batches1.values()) - sum(c for _, c in batches0.values())
+            r["credit_messages_per_batch"] = (
+                system.credit_messages(text1) - system.credit_messages(text0)
+            ) / max(1.0, batches)
             if best is not None and r["rps"] < 1.05 * best["rps"]:
                 best = max(best, r, key=lambda x: x["rps"])
                 break
@@ -151,11 +155,11 @@ def render(records: list[dict[str, Any]]) -> str:
     one = {r["payload"]: r["max"]["rps"] for r in records if r["routers"] == 1 and "max" in r}
     header = ["payload", "routers", "max rps", "scaling", "concurrency", "p99 at max ms",
               "p99 at 50% ms", "server CPU ms/req", "busy cores", "mean batch s1/s2/s3",
-              "router shares"]  # fmt: skip
+              "credit msgs/batch", "router shares"]  # fmt: skip
     rows = []
     for r in records:
         if "max" not in r:
-            rows.append([r["payload"], str(r["routers"]), "failed", *[""] * 8])
+            rows.append([r["payload"], str(r["routers"]), "failed", *[""] * 9])
             continue
         m, h = r["max"], r.get("half_load", {})
         base = one.get(r["payload"])
@@ -166,7 +170,7 @@ def render(records: list[dict[str, Any]]) -> str:
                      str(m["concurrency"]), f"{m['p99_ms']:.2f}",
                      f"{h['p99_ms']:.2f}" if "p99_ms" in h else "failed",
                      f"{m['server_cpu_ms_per_request']:.3f}", f"{m['machine_busy_cores']:.1f}",
-                     batch, shares])  # fmt: skip
+                     batch, f"{m['credit_messages_per_batch']:.2f}", shares])  # fmt: skip
     return table(header, rows)
 
 

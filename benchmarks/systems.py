@@ -233,6 +233,14 @@ def run_perf_analyzer(flags: list[str], window_ms: int, out: Path) -> dict[str, 
             "p99_ms": int(row["p99 latency"]) / 1e3}  # fmt: skip
 
 
+def has_routers_flag(source: Path | None) -> bool:
+    """Whether the sloline package at `source` (None: this checkout) has `sloline run
+    --routers` (a build from before it serves one router and refuses the flag)."""
+    if source is None:
+        return True
+    return any('"--routers"' in f.read_text() for f in (source / "sloline").rglob("*.py"))
+
+
 class SlolineSystem:
     def __init__(self, pipeline_file: Path, max_batch: dict[str, int], run_dir: Path,
                  name: str = "sloline", source: Path | None = None,
@@ -247,6 +255,9 @@ class SlolineSystem:
         self.max_batch = max_batch
         self.run_dir = run_dir
         self.env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
+        # `python -m` puts the working directory first on sys.path: run another build from
+        # its own folder, or a checkout's package would shadow it.
+        self.cwd = source
         self.routers = routers
         self.replicas = replicas
         self.args = list(args)
@@ -259,12 +270,13 @@ class SlolineSystem:
         # A fixed configuration, the same as every other system's: no planning, no tuner
         # (`sloline run` would otherwise profile, plan and autoscale replicas under the
         # benchmark's load), `replicas` per stage (one by default), the given max batch.
-        argv = [sys.executable, "-m", "sloline", "run", str(self.pipeline_file),
+        argv = [sys.executable, "-m", "sloline", "run", str(self.pipeline_file.resolve()),
                 "--port", str(self.port), "--grpc-port", str(self.grpc_port), "--no-plan",
                 "--no-tuner", "--status-interval", "0", "--duration", "3600",
                 "--worker-nice", "0",  # as Ray's replicas (RAY_ENV)
-                "--log-dir", str(self.run_dir / f"{self.name}-workers"),
-                "--routers", str(self.routers)]  # fmt: skip
+                "--log-dir", str(self.run_dir.resolve() / f"{self.name}-workers")]  # fmt: skip
+        if self.routers != 1 or has_routers_flag(self.cwd):
+            argv += ["--routers", str(self.routers)]
         for stage, batch in self.max_batch.items():
             replicas = (self.replicas if isinstance(self.replicas, int)
                         else self.replicas[stage])  # fmt: skip
@@ -273,7 +285,7 @@ class SlolineSystem:
         log_path = self.run_dir / f"{self.name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 (closed with the process)
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                     env=self.env)  # fmt: skip
+                                     env=self.env, cwd=self.cwd)  # fmt: skip
         log.close()
         wait_http(f"http://127.0.0.1:{self.port}/v2/health/ready", None, timeout_s, "sloline")
         # Every router's /metrics, from the start-up banner (one per router).
@@ -287,22 +299,36 @@ class SlolineSystem:
         for url in ready:  # the other routers' workers connected too
             wait_http(url, None, timeout_s, "sloline router")
 
-    def batch_stats(self) -> dict[str, tuple[float, float]]:
-        """(sum, count) of `sloline_stage_batch_size` per stage, over every router."""
-        out: dict[str, tuple[float, float]] = {}
+    def scrape(self) -> str:
+        """Every router's `/metrics` text, concatenated."""
+        texts = []
         for url in self.metrics_urls:
             with urllib.request.urlopen(url, timeout=5) as r:
-                text = r.read().decode()
-            for kind, stage, value in re.findall(
-                r'^sloline_stage_batch_size_(sum|count)\{pipeline="[^"]*",stage="([^"]*)"\} (\S+)$',
-                text, re.M):  # fmt: skip
-                total, count = out.get(stage, (0.0, 0.0))
-                if kind == "sum":
-                    total += float(value)
-                else:
-                    count += float(value)
-                out[stage] = (total, count)
+                texts.append(r.read().decode())
+        return "\n".join(texts)
+
+    def batch_stats(self, text: str | None = None) -> dict[str, tuple[float, float]]:
+        """(sum, count) of `sloline_stage_batch_size` per stage, over every router (in
+        `text`, a `scrape`, or scraped now)."""
+        text = self.scrape() if text is None else text
+        out: dict[str, tuple[float, float]] = {}
+        for kind, stage, value in re.findall(
+            r'^sloline_stage_batch_size_(sum|count)\{pipeline="[^"]*",stage="([^"]*)"\} (\S+)$',
+            text, re.M):  # fmt: skip
+            total, count = out.get(stage, (0.0, 0.0))
+            if kind == "sum":
+                total += float(value)
+            else:
+                count += float(value)
+            out[stage] = (total, count)
         return out
+
+    @staticmethod
+    def credit_messages(text: str) -> float:
+        """Credit messages in a `scrape` (`sloline_stage_credit_messages_total`), every
+        router, stage and kind."""
+        return sum(float(v) for v in re.findall(
+            r"^sloline_stage_credit_messages_total\{.*\} (\S+)$", text, re.M))  # fmt: skip
 
     @property
     def root_pid(self) -> int:
