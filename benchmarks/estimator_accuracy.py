@@ -46,6 +46,7 @@ the client, the workers and everything else on the machine.
     python benchmarks/estimator_accuracy.py --client-diagnostic RESULTS.json
     python benchmarks/estimator_accuracy.py --re-estimate RESULTS.json
     python benchmarks/estimator_accuracy.py --hop-diagnostic RESULTS.json
+    python benchmarks/estimator_accuracy.py --calibration-parts RESULTS.json
 
 Prints markdown tables and writes benchmarks/results/estimator_accuracy.json (``--quick``:
 one 8 s cell per example, to estimator_accuracy.quick.raw.json, which git ignores).
@@ -1258,6 +1259,49 @@ def _with_cell_service(
     return dataclasses.replace(Calibration.from_dict(doc), hop_s=calibration.hop_s)
 
 
+def calibration_parts(path: Path) -> None:
+    """Per cell: the estimate (``p50``) from the profile, calibrated, and with one part of
+    the calibration at a time (extra model time, in-situ hop, request path, router CPU),
+    so that an error can be traced to the part that moves it."""
+    report = json.loads(path.read_text())
+    parts = ("extra", "hop", "request", "router")
+    print("| example | rate rps | CV² | measured P99 ms | profile | calibrated | "
+          + " | ".join(f"{part} only" for part in parts) + " |")  # fmt: skip
+    print("|---|---:|---:|---:|" + "---:|" * (2 + len(parts)))
+    for name, result in report["examples"].items():
+        topology, config, profile = _stored(name, result)
+        full = Calibration.from_dict(result["calibration"]["calibration"])
+        bare = dataclasses.replace(
+            full,
+            stages={
+                n: dataclasses.replace(s, service_mean_s=s.profile_mean_s)
+                for n, s in full.stages.items()
+            },
+            hop_s=(),
+            request_s=(),
+            router_scale=1.0,
+        )
+        alone = {
+            "extra": dataclasses.replace(bare, stages=full.stages),
+            "hop": dataclasses.replace(bare, hop_s=full.hop_s),
+            "request": dataclasses.replace(bare, request_s=full.request_s),
+            "router": dataclasses.replace(bare, router_scale=full.router_scale),
+        }
+        profiles: dict[str, tuple[ServiceMode, PipelineProfile]] = {
+            "profile": ("p50", profile),
+            "calibrated": ("p50", full.apply(profile)),
+            **{part: ("p50", alone[part].apply(profile)) for part in parts},
+        }
+        slo_s = result["slo_ms"] / 1e3
+        for cell in result["cells"]:
+            estimated = _estimate_stored(topology, config, profiles, cell, slo_s)
+            measured_ms = cell["measured"]["p99_ms"]
+            print(f"| {name} | {cell['rate_rps']:g} | {cell['cv2']:g} | {measured_ms:.1f} | "
+                  + " | ".join(f"{estimated[k]['p99_ms']:.1f} "
+                               f"({_err((estimated[k]['p99_ms'] - measured_ms) / measured_ms)})"
+                               for k in profiles) + " |")  # fmt: skip
+
+
 def re_estimate(path: Path) -> None:
     """Estimate every cell of a results file again with this estimator, from what the
     file stores (profile, configuration, calibration, trace, the client's CPU per
@@ -1389,6 +1433,14 @@ def main() -> None:
         "the service times, that cell measured (no serving)",
     )
     parser.add_argument(
+        "--calibration-parts",
+        type=Path,
+        metavar="RESULTS",
+        default=None,
+        help="only estimate each cell of a results file again with one part of the "
+        "calibration at a time (no serving)",
+    )
+    parser.add_argument(
         "--first-seed",
         type=int,
         default=1,
@@ -1411,6 +1463,9 @@ def main() -> None:
         return
     if args.hop_diagnostic is not None:
         hop_diagnostic(args.hop_diagnostic)
+        return
+    if args.calibration_parts is not None:
+        calibration_parts(args.calibration_parts)
         return
     if args.attempts < 1:
         parser.error("--attempts must be at least 1")
