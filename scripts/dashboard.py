@@ -349,6 +349,23 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 8,
                 kind="bars",
             ),
+            Panel(
+                "Credit messages per batch",
+                "With several routers: the messages that moved the workers' one credit "
+                "between routers (grants, withdrawals and the routers' answers and notices), "
+                "per dispatched batch, over all the pipeline's routers; 0 with one router.",
+                (
+                    Query(
+                        "sum by (namespace, pipeline, stage) (rate("
+                        f"sloline_stage_credit_messages_total{{{_S}}}[{_RI}])) / "
+                        "sum by (namespace, pipeline, stage) (rate("
+                        f"sloline_stage_batch_size_count{{{_S}}}[{_RI}]))",
+                        "{{stage}}",
+                    ),
+                ),
+                "none",
+                8,
+            ),
         ),
     ),
     (
