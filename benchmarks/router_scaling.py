@@ -40,7 +40,6 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -72,15 +71,11 @@ def perf_analyzer(port: int, elements: int, mode: list[str], window_ms: int,
     return run_perf_analyzer(flags, window_ms, out)
 
 
-def router_requests(urls: list[str]) -> list[float]:
-    """Requests answered so far by each router (`sloline_requests_total`, all codes)."""
-    counts = []
-    for url in urls:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            text = r.read().decode()
-        counts.append(sum(float(v) for v in re.findall(r"^sloline_requests_total\{.*\} (\S+)$",
-                                                       text, re.M)))  # fmt: skip
-    return counts
+def router_requests(texts: list[str]) -> list[float]:
+    """Requests answered so far by each router (`sloline_requests_total`, all codes) in a
+    `SlolineSystem.scrape`."""
+    return [sum(float(v) for v in re.findall(r"^sloline_requests_total\{.*\} (\S+)$", text, re.M))
+            for text in texts]  # fmt: skip
 
 
 def relaxed_noop(run_dir: Path) -> Path:
@@ -110,13 +105,14 @@ def cell(pipeline: Path, routers: int, payload: str, replicas: int, max_batch: i
         concurrency = 8 * routers
         while concurrency <= max(512, 128 * routers):
             meter = CpuMeter(system.root_pid)
-            text0, shares0 = system.scrape(), router_requests(system.metrics_urls)
+            text0 = system.scrape()
             meter.start()
             r = perf_analyzer(system.port, elements, ["--concurrency-range", str(concurrency)],
                               window_ms, csv_path)  # fmt: skip
             cpu = meter.stop()
-            text1, shares1 = system.scrape(), router_requests(system.metrics_urls)
+            text1 = system.scrape()
             batches0, batches1 = system.batch_stats(text0), system.batch_stats(text1)
+            shares0, shares1 = router_requests(text0), router_requests(text1)
             r["concurrency"] = concurrency
             log(f"r{routers} {payload} c={concurrency}: {json.dumps(r)[:200]}")
             record["closed"].append(r)

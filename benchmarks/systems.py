@@ -255,9 +255,7 @@ class SlolineSystem:
         self.max_batch = max_batch
         self.run_dir = run_dir
         self.env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
-        # `python -m` puts the working directory first on sys.path: run another build from
-        # its own folder, or a checkout's package would shadow it.
-        self.cwd = source
+        self.source = source
         self.routers = routers
         self.replicas = replicas
         self.args = list(args)
@@ -275,7 +273,7 @@ class SlolineSystem:
                 "--no-tuner", "--status-interval", "0", "--duration", "3600",
                 "--worker-nice", "0",  # as Ray's replicas (RAY_ENV)
                 "--log-dir", str(self.run_dir.resolve() / f"{self.name}-workers")]  # fmt: skip
-        if self.routers != 1 or has_routers_flag(self.cwd):
+        if self.routers != 1 or has_routers_flag(self.source):
             argv += ["--routers", str(self.routers)]
         for stage, batch in self.max_batch.items():
             replicas = (self.replicas if isinstance(self.replicas, int)
@@ -284,8 +282,10 @@ class SlolineSystem:
         self.argv = [*argv, *self.args]
         log_path = self.run_dir / f"{self.name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 (closed with the process)
+        # `python -m` puts the working directory first on sys.path: run another build from
+        # its own folder, or a checkout's package would shadow it.
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                     env=self.env, cwd=self.cwd)  # fmt: skip
+                                     env=self.env, cwd=self.source)  # fmt: skip
         log.close()
         wait_http(f"http://127.0.0.1:{self.port}/v2/health/ready", None, timeout_s, "sloline")
         # Every router's /metrics, from the start-up banner (one per router).
@@ -299,18 +299,18 @@ class SlolineSystem:
         for url in ready:  # the other routers' workers connected too
             wait_http(url, None, timeout_s, "sloline router")
 
-    def scrape(self) -> str:
-        """Every router's `/metrics` text, concatenated."""
+    def scrape(self) -> list[str]:
+        """Every router's `/metrics` text, in `metrics_urls` order."""
         texts = []
         for url in self.metrics_urls:
             with urllib.request.urlopen(url, timeout=5) as r:
                 texts.append(r.read().decode())
-        return "\n".join(texts)
+        return texts
 
-    def batch_stats(self, text: str | None = None) -> dict[str, tuple[float, float]]:
+    def batch_stats(self, texts: list[str] | None = None) -> dict[str, tuple[float, float]]:
         """(sum, count) of `sloline_stage_batch_size` per stage, over every router (in
-        `text`, a `scrape`, or scraped now)."""
-        text = self.scrape() if text is None else text
+        `texts`, a `scrape`, or scraped now)."""
+        text = "\n".join(self.scrape() if texts is None else texts)
         out: dict[str, tuple[float, float]] = {}
         for kind, stage, value in re.findall(
             r'^sloline_stage_batch_size_(sum|count)\{pipeline="[^"]*",stage="([^"]*)"\} (\S+)$',
@@ -324,10 +324,10 @@ class SlolineSystem:
         return out
 
     @staticmethod
-    def credit_messages(text: str) -> float:
+    def credit_messages(texts: list[str]) -> float:
         """Credit messages in a `scrape` (`sloline_stage_credit_messages_total`), every
         router, stage and kind."""
-        return sum(float(v) for v in re.findall(
+        return sum(float(v) for text in texts for v in re.findall(
             r"^sloline_stage_credit_messages_total\{.*\} (\S+)$", text, re.M))  # fmt: skip
 
     @property
