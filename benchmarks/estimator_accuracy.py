@@ -97,7 +97,7 @@ from sloline.measure.profiler import (  # noqa: E402
     load_samples,
 )
 from sloline.measure.session import PlanningSession, plan_pipeline, planning_trace  # noqa: E402
-from sloline.planner.calibration import Calibration, hops  # noqa: E402
+from sloline.planner.calibration import Calibration, hops, idle_groups  # noqa: E402
 from sloline.planner.config import StageConfig  # noqa: E402
 from sloline.planner.estimator import (  # noqa: E402
     Estimate,
@@ -297,6 +297,7 @@ class Served:
                 "batch": {s: r.since(t0).copy() for s, r in stats.stage_batch.items()},
                 "service_s": {s: r.since(t0).copy() for s, r in stats.stage_service.items()},
                 "cpu_s": {s: r.since(t0).copy() for s, r in stats.stage_cpu.items()},
+                "idle_s": {s: r.since(t0).copy() for s, r in stats.stage_idle.items()},
                 "roundtrip_s": {s: r.since(t0).copy() for s, r in stats.stage_roundtrip.items()},
             }
 
@@ -619,6 +620,9 @@ def stage_breakdown(
         expected = profiled_service_s(profile.stage(name, cfg.hardware), cfg, batches)
         cpu = sum(v for k, v in cpu_s.items() if k.partition("#")[0] == name)
         nonempty = bool(service.size and expected.size)
+        gaps, extra, counts = (
+            idle_groups(window["idle_s"][name], service - expected) if nonempty else ((), (), ())
+        )
         out[name] = {
             "items": int(batches.sum()),
             "est_items": result.stages[m].visits,
@@ -632,6 +636,12 @@ def stage_breakdown(
             else math.nan,
             "profile_mean_ms": float(expected.mean()) * 1e3 if expected.size else math.nan,
             "slowdown": float(service.mean() / expected.mean()) if nonempty else math.nan,
+            # The wall time beyond the profile by how long the worker sat idle before.
+            "idle_groups": {
+                "idle_ms": [g * 1e3 for g in gaps],
+                "extra_ms": [e * 1e3 for e in extra],
+                "batches": list(counts),
+            },
             "worker_cpu_s": cpu,
             "wall_over_cpu": float(service.sum()) / cpu if cpu > 0 else math.nan,
         }
@@ -1256,26 +1266,38 @@ def _with_cell_service(
                 meanBatch=seen["mean_batch"],
                 batches=seen["batches"],
             )
-    return dataclasses.replace(Calibration.from_dict(doc), hop_s=calibration.hop_s)
+    return dataclasses.replace(without_idle(Calibration.from_dict(doc)), hop_s=calibration.hop_s)
+
+
+def without_idle(calibration: Calibration) -> Calibration:
+    """``calibration`` with each stage's mean extra time and no in-situ idle penalty."""
+    return dataclasses.replace(
+        calibration,
+        stages={
+            n: dataclasses.replace(s, idle_gaps_s=(), idle_extra_s=(), idle_batches=())
+            for n, s in calibration.stages.items()
+        },
+    )
 
 
 def calibration_parts(path: Path) -> None:
-    """Per cell: the estimate (``p50``) from the profile, calibrated, and with one part of
-    the calibration at a time (extra model time, in-situ hop, request path, router CPU),
-    so that an error can be traced to the part that moves it."""
+    """Per cell: the estimate (``p50``) from the profile, calibrated, calibrated with each
+    stage's mean extra time instead of its in-situ idle penalty, and with one part of the
+    calibration at a time (extra model time with its idle penalty, in-situ hop, request
+    path, router CPU), so that an error can be traced to the part that moves it."""
     report = json.loads(path.read_text())
     parts = ("extra", "hop", "request", "router")
-    print("| example | rate rps | CV² | measured P99 ms | profile | calibrated | "
-          + " | ".join(f"{part} only" for part in parts) + " |")  # fmt: skip
-    print("|---|---:|---:|---:|" + "---:|" * (2 + len(parts)))
+    columns = ("profile", "calibrated", "mean extra", *(f"{part} only" for part in parts))
+    print("| example | rate rps | CV² | measured P99 ms | " + " | ".join(columns) + " |")
+    print("|---|---:|---:|---:|" + "---:|" * len(columns))
     for name, result in report["examples"].items():
         topology, config, profile = _stored(name, result)
         full = Calibration.from_dict(result["calibration"]["calibration"])
         bare = dataclasses.replace(
-            full,
+            without_idle(full),
             stages={
                 n: dataclasses.replace(s, service_mean_s=s.profile_mean_s)
-                for n, s in full.stages.items()
+                for n, s in without_idle(full).stages.items()
             },
             hop_s=(),
             request_s=(),
@@ -1290,6 +1312,7 @@ def calibration_parts(path: Path) -> None:
         profiles: dict[str, tuple[ServiceMode, PipelineProfile]] = {
             "profile": ("p50", profile),
             "calibrated": ("p50", full.apply(profile)),
+            "mean extra": ("p50", without_idle(full).apply(profile)),
             **{part: ("p50", alone[part].apply(profile)) for part in parts},
         }
         slo_s = result["slo_ms"] / 1e3

@@ -281,6 +281,7 @@ def measure_served(
         requests=int(router_latency.size),
         warmup_batches=warmup_batches,
         cpu_s={n: r.since(since) for n, r in stats.stage_cpu.items() if n in on_cpu},
+        idle_s={n: r.since(since) for n, r in stats.stage_idle.items()},
         request_s=(
             request_path(client_latency_s, router_latency) if client_latency_s is not None else ()
         ),

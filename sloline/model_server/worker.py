@@ -81,13 +81,15 @@ def run_batch(
     stage: str = "",
     worker: str = "",
     elsewhere_age: Callable[[], float | None] = lambda: None,
+    idle_s: float | None = None,
 ) -> bytes:
     """Run one batch through the model and encode the reply; model errors become the
     batch's error text. Inputs are views of the received message, outputs are copied
     once, into the reply (`wire`). A batch that carries its requests' trace contexts is
     recorded as a span while this worker traces (`tracing.batch_span`). `elsewhere_age`
     is asked once the batch is done: the head age of older work at another router, if
-    any (`credit.py`)."""
+    any (`credit.py`). `idle_s`, how long this worker sat idle before the batch (None on
+    its first), goes back with the result."""
     items = wire.batch_arrays(batch, payload)
     start, cpu = time.perf_counter(), time.process_time()
     try:
@@ -102,7 +104,13 @@ def run_batch(
     if batch.traceparent and tracing.tracer is not None:
         tracing.batch_span(batch.traceparent, stage, worker, service_s, error)
     return wire.result_message(
-        batch.batch_id, outputs, service_s, error, cpu_s=cpu_s, elsewhere_age_s=elsewhere_age()
+        batch.batch_id,
+        outputs,
+        service_s,
+        error,
+        cpu_s=cpu_s,
+        elsewhere_age_s=elsewhere_age(),
+        idle_s=idle_s,
     )
 
 
@@ -143,6 +151,7 @@ class Worker:
         self._followers: dict[str, asyncio.Task[None]] = {}  # a task per router address
         self._wanted: set[str] = set()  # the addresses the names resolve to now
         self._fatal: str | None = None
+        self._idle_since: float | None = None  # when the last batch, from any router, ended
 
     def stop(self) -> None:
         """Begin a graceful stop (the SIGTERM handler)."""
@@ -298,6 +307,8 @@ class Worker:
                 message, payload = received
                 if message.HasField("batch"):
                     credit.batch(address)
+                    start = time.perf_counter()
+                    idle_since = self._idle_since
                     result = run_batch(
                         self.runner,
                         message.batch,
@@ -305,7 +316,9 @@ class Worker:
                         self.settings.stage,
                         self.worker_id,
                         lambda: credit.elsewhere_age(address, time.monotonic()),
+                        None if idle_since is None else start - idle_since,
                     )
+                    self._idle_since = time.perf_counter()
                     await session.write(result)
                 elif message.HasField("backlog"):
                     backlog = message.backlog

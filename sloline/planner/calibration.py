@@ -9,10 +9,12 @@ the router's own per-batch records of a real run:
 
 - per stage, the mean model time per batch beyond the profile's P50 at the sizes of the
   same batches (``extra_s``, clamped at 0: a calibration never makes a stage faster than
-  its profile). On a CPU class the model time is the worker's CPU time per batch (over
-  the class's thread count), not its wall time: what a batch waited for a core while
-  others ran is what the estimator's processor sharing adds itself, and counting the
-  wall time would add it twice;
+  its profile), and how it grows with the time the worker sat idle before the batch (the
+  in-situ idle penalty: the batches grouped by that idle time, which each worker reports,
+  see :func:`idle_groups`). On a CPU class the model time is the worker's CPU time per
+  batch (over the class's thread count), not its wall time: what a batch waited for a
+  core while others ran is what the estimator's processor sharing adds itself, and
+  counting the wall time would add it twice;
 - the in-situ hop: each batch's round trip on the router less the worker's wall time;
 - the request path outside the router, when the load came from a client that timed its
   own requests (``sloline calibrate``): the client's latencies less the router's, matched
@@ -25,12 +27,13 @@ the router's own per-batch records of a real run:
 
 :meth:`Calibration.apply` adds each stage's extra time to every batch size of that stage on
 *every* hardware class (the extra is the host's cost of serving the stage, not the model's,
-so it is carried to the classes that were not served; with no in-situ idle gaps left to
-model, the idle penalty is dropped, as the extra already includes the wake-ups at that
-load) and replaces the idle probe's hop samples, and its request-path samples when the
-calibration has them, with the in-situ ones, and scales the router's costs when it has
-measured them. Served by real traffic, the router does not
-see its clients, so the request path is then left as profiled.
+so it is carried to the classes that were not served), with the in-situ idle penalty in
+place of the profile's; where the batches' idle times are too alike to group (or were not
+reported), the extra is their mean and the idle penalty is dropped, as that mean already
+includes the wake-ups at that load. It replaces the idle probe's hop samples, and its
+request-path samples when the calibration has them, with the in-situ ones, and scales the
+router's costs when it has measured them. Served by real traffic, the router does not see
+its clients, so the request path is then left as profiled.
 
 ``sloline calibrate FILE`` serves the plan under its own planning load and measures all
 three; ``sloline run FILE --calibration-out calib.json`` measures the first two while
@@ -40,6 +43,7 @@ serving real traffic; ``sloline plan FILE --calibration calib.json`` (and ``slol
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -50,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from sloline.planner.overhead import IdlePenalty
 from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
 
 if TYPE_CHECKING:
@@ -62,6 +67,7 @@ __all__ = [
     "Calibration",
     "StageCalibration",
     "hops",
+    "idle_groups",
     "request_path",
 ]
 
@@ -71,6 +77,10 @@ MIN_BATCHES = 50
 be calibrated."""
 QUANTILES = 1000
 """In-situ hop and request-path samples are stored as this many equally likely quantiles."""
+IDLE_EDGES_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+"""Bounds of the idle-time bins that :func:`idle_groups` starts from."""
+MIN_GROUP_BATCHES = 30
+"""An idle-time group holds at least this many batches (its mean is the penalty's point)."""
 
 Samples = npt.NDArray[np.float64]
 
@@ -86,11 +96,31 @@ class StageCalibration:
     service_mean_s: float  # the workers' model time per batch, in situ (CPU time on a CPU class)
     profile_mean_s: float  # the profile's P50 at the same batch sizes
     wall_mean_s: float = math.nan  # the workers' wall time per batch, in situ (for the record)
+    # The batches grouped by how long their worker sat idle before them (:func:`idle_groups`):
+    # per group its mean idle time, the mean model time beyond the profile, the batches.
+    idle_gaps_s: tuple[float, ...] = ()
+    idle_extra_s: tuple[float, ...] = ()
+    idle_batches: tuple[int, ...] = ()
 
     @property
     def extra_s(self) -> float:
-        """What a batch took beyond its profile, never below 0 (0 without batches)."""
-        return max(0.0, self.service_mean_s - self.profile_mean_s) if self.batches else 0.0
+        """What a batch took beyond its profile, never below 0 (0 without batches): the
+        shortest idle group's when there are two groups or more, else the mean."""
+        if not self.batches:
+            return 0.0
+        if len(self.idle_gaps_s) >= 2:
+            return max(0.0, self.idle_extra_s[0])
+        return max(0.0, self.service_mean_s - self.profile_mean_s)
+
+    @property
+    def idle(self) -> IdlePenalty | None:
+        """The in-situ idle penalty: each longer group's extra beyond :attr:`extra_s` at its
+        mean idle time (from 0 at the shortest group's), made non-decreasing; None with
+        fewer than two groups."""
+        if len(self.idle_gaps_s) < 2:
+            return None
+        base = self.extra_s
+        return IdlePenalty.from_medians(self.idle_gaps_s, [e - base for e in self.idle_extra_s])
 
     @property
     def applied(self) -> bool:
@@ -105,6 +135,9 @@ class StageCalibration:
             "serviceMeanSeconds": self.service_mean_s,
             "profileMeanSeconds": self.profile_mean_s,
             "wallMeanSeconds": self.wall_mean_s,
+            "idleGapsSeconds": list(self.idle_gaps_s),
+            "idleExtraSeconds": list(self.idle_extra_s),
+            "idleBatches": list(self.idle_batches),
         }
 
     @classmethod
@@ -117,6 +150,9 @@ class StageCalibration:
             service_mean_s=float(data["serviceMeanSeconds"]),
             profile_mean_s=float(data["profileMeanSeconds"]),
             wall_mean_s=float(data.get("wallMeanSeconds", data["serviceMeanSeconds"])),
+            idle_gaps_s=tuple(float(v) for v in data.get("idleGapsSeconds", ())),
+            idle_extra_s=tuple(float(v) for v in data.get("idleExtraSeconds", ())),
+            idle_batches=tuple(int(v) for v in data.get("idleBatches", ())),
         )
 
 
@@ -174,6 +210,7 @@ class Calibration:
         warmup_batches: int = 0,
         request_s: npt.ArrayLike = (),
         cpu_s: Mapping[str, Samples] | None = None,
+        idle_s: Mapping[str, Samples] | None = None,
     ) -> Calibration:
         """From the router's per-batch records of a run: ``served[stage]`` = (hardware, max
         batch); per stage, one entry per answered batch, oldest first: its size, the
@@ -185,14 +222,16 @@ class Calibration:
         them. ``cpu_s``: per stage on a CPU class, the worker's CPU time of each of the
         same batches (the router's ``stage_cpu``); a batch's model time is then
         min(wall, CPU / the profile's cores), and its wall time where a worker reported
-        no CPU time (0). Stages not in ``cpu_s`` (accelerators) use the wall time."""
+        no CPU time (0). Stages not in ``cpu_s`` (accelerators) use the wall time.
+        ``idle_s``: per stage, how long each batch's worker sat idle before it (the router's
+        ``stage_idle``; NaN where the worker did not say), grouped by :func:`idle_groups`."""
         stages: dict[str, StageCalibration] = {}
         measured: list[Samples] = []
-        cpus = cpu_s or {}
+        cpus, idles = cpu_s or {}, idle_s or {}
         for name, (hardware, max_batch) in served.items():
-            sizes, service, roundtrip, cpu = (
+            sizes, service, roundtrip, cpu, idle = (
                 np.asarray(records.get(name, ()), dtype=np.float64)[warmup_batches:]
-                for records in (batches, service_s, roundtrip_s, cpus)
+                for records in (batches, service_s, roundtrip_s, cpus, idles)
             )
             stage = profile.stage(name, hardware)
             table = stage.latency_table_s(max_batch)
@@ -202,9 +241,13 @@ class Calibration:
             if name in cpus and cpu.size >= count:
                 cpu = cpu[:count]
                 model = np.where(cpu > 0.0, np.minimum(wall, cpu / stage.cores), wall)
+            groups: tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]] = ((), (), ())
             if count:
-                expected = float(table[np.clip(sizes.astype(int), 1, max_batch)].mean())
+                profiled = table[np.clip(sizes.astype(int), 1, max_batch)]
+                expected = float(profiled.mean())
                 in_situ, in_situ_wall = float(model.mean()), float(wall.mean())
+                if idle.size >= count:
+                    groups = idle_groups(idle[:count], model - profiled)
             else:
                 expected = in_situ = in_situ_wall = math.nan
             stages[name] = StageCalibration(
@@ -215,6 +258,9 @@ class Calibration:
                 service_mean_s=in_situ,
                 profile_mean_s=expected,
                 wall_mean_s=in_situ_wall,
+                idle_gaps_s=groups[0],
+                idle_extra_s=groups[1],
+                idle_batches=groups[2],
             )
             measured.append(hops(service, roundtrip))
         hop = np.concatenate(measured) if measured else np.empty(0)
@@ -237,7 +283,7 @@ class Calibration:
             if not measured.applied:
                 continue
             for hardware, stage in profile.stages[name].items():
-                stages[name][hardware] = _slower(stage, measured.extra_s)
+                stages[name][hardware] = _slower(stage, measured.extra_s, measured.idle)
         calibrated = replace(profile, stages=stages)
         overhead = profile.overhead
         if overhead is not None and self.request_s:
@@ -267,10 +313,17 @@ class Calibration:
                 if math.isfinite(s.wall_mean_s) and s.wall_mean_s != s.service_mean_s
                 else ""
             )
+            idle = s.idle
+            after_idle = (
+                f", +{idle.extra_s[-1] * 1e3:.2f} ms more after {idle.gaps_s[-1] * 1e3:.0f} ms idle"
+                if idle is not None
+                else ""
+            )
             lines.append(
                 f"  {name}: {s.batches} batches on {s.hardware} (mean {s.mean_batch:.1f} items), "
                 f"{s.service_mean_s * 1e3:.2f} ms per batch{wall} vs profiled "
                 f"{s.profile_mean_s * 1e3:.2f} ms: +{s.extra_s * 1e3:.2f} ms per batch"
+                f"{after_idle}"
             )
         if self.hop_s:
             hop = np.asarray(self.hop_s)
@@ -351,6 +404,36 @@ def hops(service_s: npt.ArrayLike, roundtrip_s: npt.ArrayLike) -> Samples:
     return np.maximum(roundtrip[roundtrip.size - paired :] - service[service.size - paired :], 0.0)
 
 
+def idle_groups(
+    idle_s: Samples, extra_s: Samples
+) -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]]:
+    """Batches grouped by how long their worker sat idle before them: per group its mean
+    idle time, its mean ``extra_s`` (model time beyond the profile) and its batch count,
+    shortest idle first. The groups are the bins of :data:`IDLE_EDGES_S`, each merged with
+    the next until it holds :data:`MIN_GROUP_BATCHES`; a short last group joins the one
+    before. Batches with no idle time (NaN: a worker's first) are left out."""
+    idle, extra = np.asarray(idle_s, dtype=np.float64), np.asarray(extra_s, dtype=np.float64)
+    known = np.isfinite(idle) & np.isfinite(extra)
+    idle, extra = idle[known], extra[known]
+    order = np.argsort(idle, kind="stable")
+    idle, extra = idle[order], extra[order]
+    # Where each bin ends in the sorted batches; a group closes at the first bin end that
+    # gives it MIN_GROUP_BATCHES.
+    ends = [*np.searchsorted(idle, IDLE_EDGES_S, side="right").tolist(), idle.size]
+    bounds = [0]
+    for end in ends:
+        if end - bounds[-1] >= MIN_GROUP_BATCHES:
+            bounds.append(end)
+    if len(bounds) > 1 and idle.size - bounds[-1] > 0:
+        bounds[-1] = idle.size  # the short remainder joins the last group
+    pairs = list(itertools.pairwise(bounds))
+    return (
+        tuple(max(float(idle[a:b].mean()), 1e-6) for a, b in pairs),
+        tuple(float(extra[a:b].mean()) for a, b in pairs),
+        tuple(b - a for a, b in pairs),
+    )
+
+
 def request_path(client_s: Samples, router_s: Samples) -> Samples:
     """Samples of the request path outside the router: a client's latencies (from each
     send) less the router's latencies of the same requests, matched quantile by quantile
@@ -371,8 +454,9 @@ def _quantiles(samples: Samples) -> tuple[float, ...]:
     return tuple(np.quantile(samples, levels, method="inverted_cdf").tolist())
 
 
-def _slower(stage: StageProfile, extra_s: float) -> StageProfile:
-    """``stage`` with ``extra_s`` added to every batch latency and no idle penalty."""
+def _slower(stage: StageProfile, extra_s: float, idle: IdlePenalty | None) -> StageProfile:
+    """``stage`` with ``extra_s`` added to every batch latency and ``idle`` as its idle
+    penalty (None: none)."""
     points = tuple(
         BatchLatency(
             p.batch_size,
@@ -383,4 +467,4 @@ def _slower(stage: StageProfile, extra_s: float) -> StageProfile:
         )
         for p in stage.points
     )
-    return StageProfile(stage.hardware, points, None, stage.cores)
+    return StageProfile(stage.hardware, points, idle, stage.cores)

@@ -505,6 +505,9 @@ class Router:
         self.stats.stage_batch[stage].add(now, len(items))
         self.stats.stage_service[stage].add(now, result.service_s)
         self.stats.stage_cpu[stage].add(now, result.cpu_s)
+        self.stats.stage_idle[stage].add(
+            now, result.idle_s if result.HasField("idle_s") else math.nan
+        )
         roundtrip_s = now - conn.dispatched_at
         self.stats.stage_roundtrip[stage].add(now, roundtrip_s)
         if self._admission is not None:

@@ -59,7 +59,7 @@ class Window:
 class RouterStats:
     """Recent request latencies and failures; per stage: visit latency (queued to answered)
     and, per batch answered (the same index in every ring): its size, the worker-measured
-    model time and CPU time, and its round trip."""
+    model time, CPU time and idle time before it, and its round trip."""
 
     def __init__(self, stages: list[str], size: int = 65536) -> None:
         # Every request's arrival time, for the re-planner; None (not recorded) unless it runs.
@@ -70,6 +70,8 @@ class RouterStats:
         self.stage_batch = {s: Ring(size // 4) for s in stages}
         self.stage_service = {s: Ring(size // 4) for s in stages}  # model time per batch
         self.stage_cpu = {s: Ring(size // 4) for s in stages}  # the worker's CPU over it
+        # How long its worker sat idle before it (NaN: the worker's first batch).
+        self.stage_idle = {s: Ring(size // 4) for s in stages}
         # Per batch, dispatch to result back on the router's loop: the model time plus
         # the hop (wire, wake-ups, the worker's own decode and encode, the loop's delay).
         self.stage_roundtrip = {s: Ring(size // 4) for s in stages}

@@ -203,9 +203,11 @@ def result_message(
     error: str = "",
     cpu_s: float = 0.0,
     elsewhere_age_s: float | None = None,
+    idle_s: float | None = None,
 ) -> bytes:
     """The message returning one batch's per-item outputs (or the batch's error);
-    `elsewhere_age_s`: the head age of older work the worker knows at another router."""
+    `elsewhere_age_s`: the head age of older work the worker knows at another router;
+    `idle_s`: how long the worker sat idle before the batch (None: its first)."""
     message = pb.WorkerMessage()
     result = message.result
     result.batch_id = batch_id
@@ -214,6 +216,8 @@ def result_message(
     result.error = error
     if elsewhere_age_s is not None:
         result.elsewhere_age_s = elsewhere_age_s
+    if idle_s is not None:
+        result.idle_s = idle_s
     buffers: list[Buffer] = []
     for out in outputs:
         tensors = result.items.add().tensors

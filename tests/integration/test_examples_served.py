@@ -218,12 +218,20 @@ def test_image_ensemble_1000_concurrent_requests_match_in_process() -> None:
 
                 return await asyncio.gather(*(one(i) for i in range(len(images))))
 
+        start = time.perf_counter()
         results = asyncio.run(fire())
+        elapsed_s = time.perf_counter() - start
         assert served.pipeline is not None
         stats = served.pipeline.router.stats
 
         async def per_batch() -> dict[str, tuple[np.ndarray, ...]]:
-            rings = (stats.stage_batch, stats.stage_service, stats.stage_cpu, stats.stage_roundtrip)
+            rings = (
+                stats.stage_batch,
+                stats.stage_service,
+                stats.stage_cpu,
+                stats.stage_roundtrip,
+                stats.stage_idle,
+            )
             return {s: tuple(r[s].since(0.0) for r in rings) for s in batches}
 
         per_stage = served.call(per_batch())
@@ -231,12 +239,17 @@ def test_image_ensemble_1000_concurrent_requests_match_in_process() -> None:
     # One record of each per answered batch: its size (every image visits every stage
     # once), the model time the worker measured, the worker's CPU time over it (the
     # models run on the worker's one thread, so at most the wall time plus the
-    # scheduler's tick granularity) and the round trip, which covers the model time.
-    for stage, (sizes, service, cpu, roundtrip) in per_stage.items():
-        assert sizes.size == service.size == cpu.size == roundtrip.size > 0, stage
+    # scheduler's tick granularity), the round trip, which covers the model time, and how
+    # long the worker sat idle before the batch: unknown (NaN) on each worker's first
+    # batch, and a worker's idle and model times fit in the time the requests took.
+    for stage, (sizes, service, cpu, roundtrip, idle) in per_stage.items():
+        assert sizes.size == service.size == cpu.size == roundtrip.size == idle.size > 0, stage
         assert sizes.sum() == 1000, stage
         assert np.all(roundtrip >= service), stage
         assert 0.0 < cpu.sum() <= service.sum() + 0.01 * cpu.size, stage
+        workers = int(np.isnan(idle).sum())
+        assert workers >= 1 and np.all(idle[np.isfinite(idle)] >= 0.0), stage
+        assert np.nansum(idle) + service.sum() <= workers * elapsed_s, stage
     for i, result in enumerate(results):
         assert result.get_response().id == str(i)
         probs = result.as_numpy("probabilities")[0]

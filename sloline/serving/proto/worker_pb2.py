@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _sloline_proto.add_serialized_file(b'\n\x0cworker.proto\x12\x0esloline.worker\"K\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04size\x18\x05 \x01(\x04J\x04\x08\x04\x10\x05\"/\n\x04Item\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.sloline.worker.Tensor\"D\n\nItemResult\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.sloline.worker.Tensor\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"k\n\x05Hello\x12\x10\n\x08pipeline\x18\x01 \x01(\t\x12\r\n\x05stage\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x10\n\x08hardware\x18\x05 \x01(\t\x12\x0f\n\x07standby\x18\x06 \x01(\x08\"\xa8\x01\n\x06Result\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12)\n\x05items\x18\x02 \x03(\x0b\x32\x1a.sloline.worker.ItemResult\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x11\n\tservice_s\x18\x04 \x01(\x01\x12\r\n\x05\x63pu_s\x18\x05 \x01(\x01\x12\x1c\n\x0f\x65lsewhere_age_s\x18\x06 \x01(\x01H\x00\x88\x01\x01\x42\x12\n\x10_elsewhere_age_s\"\t\n\x07Leaving\"\x17\n\x06\x43redit\x12\r\n\x05grant\x18\x01 \x01(\x08\"\xd0\x01\n\rWorkerMessage\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.sloline.worker.HelloH\x00\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x16.sloline.worker.ResultH\x00\x12*\n\x07leaving\x18\x03 \x01(\x0b\x32\x17.sloline.worker.LeavingH\x00\x12(\n\x06\x63redit\x18\x04 \x01(\x0b\x32\x16.sloline.worker.CreditH\x00\x12\x0f\n\x07payload\x18\x0f \x01(\x0c\x42\x06\n\x04\x62ody\"S\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12#\n\x05items\x18\x02 \x03(\x0b\x32\x14.sloline.worker.Item\x12\x13\n\x0btraceparent\x18\x03 \x03(\t\"?\n\x07\x42\x61\x63klog\x12\x0e\n\x06queued\x18\x01 \x01(\x08\x12\x12\n\nhead_age_s\x18\x02 \x01(\x01\x12\x10\n\x08released\x18\x03 \x01(\x08\"\x18\n\x07Welcome\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"\xa8\x01\n\rRouterMessage\x12&\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x15.sloline.worker.BatchH\x00\x12*\n\x07welcome\x18\x02 \x01(\x0b\x32\x17.sloline.worker.WelcomeH\x00\x12*\n\x07\x62\x61\x63klog\x18\x03 \x01(\x0b\x32\x17.sloline.worker.BacklogH\x00\x12\x0f\n\x07payload\x18\x0f \x01(\x0c\x42\x06\n\x04\x62ody2\\\n\rWorkerService\x12K\n\x07\x43onnect\x12\x1d.sloline.worker.WorkerMessage\x1a\x1d.sloline.worker.RouterMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _sloline_proto.add_serialized_file(b'\n\x0cworker.proto\x12\x0esloline.worker\"K\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04size\x18\x05 \x01(\x04J\x04\x08\x04\x10\x05\"/\n\x04Item\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.sloline.worker.Tensor\"D\n\nItemResult\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.sloline.worker.Tensor\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"k\n\x05Hello\x12\x10\n\x08pipeline\x18\x01 \x01(\t\x12\r\n\x05stage\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x10\n\x08hardware\x18\x05 \x01(\t\x12\x0f\n\x07standby\x18\x06 \x01(\x08\"\xc8\x01\n\x06Result\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12)\n\x05items\x18\x02 \x03(\x0b\x32\x1a.sloline.worker.ItemResult\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x11\n\tservice_s\x18\x04 \x01(\x01\x12\r\n\x05\x63pu_s\x18\x05 \x01(\x01\x12\x1c\n\x0f\x65lsewhere_age_s\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x06idle_s\x18\x07 \x01(\x01H\x01\x88\x01\x01\x42\x12\n\x10_elsewhere_age_sB\t\n\x07_idle_s\"\t\n\x07Leaving\"\x17\n\x06\x43redit\x12\r\n\x05grant\x18\x01 \x01(\x08\"\xd0\x01\n\rWorkerMessage\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.sloline.worker.HelloH\x00\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x16.sloline.worker.ResultH\x00\x12*\n\x07leaving\x18\x03 \x01(\x0b\x32\x17.sloline.worker.LeavingH\x00\x12(\n\x06\x63redit\x18\x04 \x01(\x0b\x32\x16.sloline.worker.CreditH\x00\x12\x0f\n\x07payload\x18\x0f \x01(\x0c\x42\x06\n\x04\x62ody\"S\n\x05\x42\x61tch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12#\n\x05items\x18\x02 \x03(\x0b\x32\x14.sloline.worker.Item\x12\x13\n\x0btraceparent\x18\x03 \x03(\t\"?\n\x07\x42\x61\x63klog\x12\x0e\n\x06queued\x18\x01 \x01(\x08\x12\x12\n\nhead_age_s\x18\x02 \x01(\x01\x12\x10\n\x08released\x18\x03 \x01(\x08\"\x18\n\x07Welcome\x12\r\n\x05\x65rror\x18\x01 \x01(\t\"\xa8\x01\n\rRouterMessage\x12&\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x15.sloline.worker.BatchH\x00\x12*\n\x07welcome\x18\x02 \x01(\x0b\x32\x17.sloline.worker.WelcomeH\x00\x12*\n\x07\x62\x61\x63klog\x18\x03 \x01(\x0b\x32\x17.sloline.worker.BacklogH\x00\x12\x0f\n\x07payload\x18\x0f \x01(\x0c\x42\x06\n\x04\x62ody2\\\n\rWorkerService\x12K\n\x07\x43onnect\x12\x1d.sloline.worker.WorkerMessage\x1a\x1d.sloline.worker.RouterMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,21 +41,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLO']._serialized_start=228
   _globals['_HELLO']._serialized_end=335
   _globals['_RESULT']._serialized_start=338
-  _globals['_RESULT']._serialized_end=506
-  _globals['_LEAVING']._serialized_start=508
-  _globals['_LEAVING']._serialized_end=517
-  _globals['_CREDIT']._serialized_start=519
-  _globals['_CREDIT']._serialized_end=542
-  _globals['_WORKERMESSAGE']._serialized_start=545
-  _globals['_WORKERMESSAGE']._serialized_end=753
-  _globals['_BATCH']._serialized_start=755
-  _globals['_BATCH']._serialized_end=838
-  _globals['_BACKLOG']._serialized_start=840
-  _globals['_BACKLOG']._serialized_end=903
-  _globals['_WELCOME']._serialized_start=905
-  _globals['_WELCOME']._serialized_end=929
-  _globals['_ROUTERMESSAGE']._serialized_start=932
-  _globals['_ROUTERMESSAGE']._serialized_end=1100
-  _globals['_WORKERSERVICE']._serialized_start=1102
-  _globals['_WORKERSERVICE']._serialized_end=1194
+  _globals['_RESULT']._serialized_end=538
+  _globals['_LEAVING']._serialized_start=540
+  _globals['_LEAVING']._serialized_end=549
+  _globals['_CREDIT']._serialized_start=551
+  _globals['_CREDIT']._serialized_end=574
+  _globals['_WORKERMESSAGE']._serialized_start=577
+  _globals['_WORKERMESSAGE']._serialized_end=785
+  _globals['_BATCH']._serialized_start=787
+  _globals['_BATCH']._serialized_end=870
+  _globals['_BACKLOG']._serialized_start=872
+  _globals['_BACKLOG']._serialized_end=935
+  _globals['_WELCOME']._serialized_start=937
+  _globals['_WELCOME']._serialized_end=961
+  _globals['_ROUTERMESSAGE']._serialized_start=964
+  _globals['_ROUTERMESSAGE']._serialized_end=1132
+  _globals['_WORKERSERVICE']._serialized_start=1134
+  _globals['_WORKERSERVICE']._serialized_end=1226
 # @@protoc_insertion_point(module_scope)

@@ -51,20 +51,22 @@ class Hello(_message.Message):
     def __init__(self, pipeline: _Optional[str] = ..., stage: _Optional[str] = ..., worker_id: _Optional[str] = ..., pid: _Optional[int] = ..., hardware: _Optional[str] = ..., standby: bool = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("batch_id", "items", "error", "service_s", "cpu_s", "elsewhere_age_s")
+    __slots__ = ("batch_id", "items", "error", "service_s", "cpu_s", "elsewhere_age_s", "idle_s")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     SERVICE_S_FIELD_NUMBER: _ClassVar[int]
     CPU_S_FIELD_NUMBER: _ClassVar[int]
     ELSEWHERE_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    IDLE_S_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     items: _containers.RepeatedCompositeFieldContainer[ItemResult]
     error: str
     service_s: float
     cpu_s: float
     elsewhere_age_s: float
-    def __init__(self, batch_id: _Optional[int] = ..., items: _Optional[_Iterable[_Union[ItemResult, _Mapping]]] = ..., error: _Optional[str] = ..., service_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., elsewhere_age_s: _Optional[float] = ...) -> None: ...
+    idle_s: float
+    def __init__(self, batch_id: _Optional[int] = ..., items: _Optional[_Iterable[_Union[ItemResult, _Mapping]]] = ..., error: _Optional[str] = ..., service_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., elsewhere_age_s: _Optional[float] = ..., idle_s: _Optional[float] = ...) -> None: ...
 
 class Leaving(_message.Message):
     __slots__ = ()

@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sloline.planner.calibration import MIN_BATCHES, Calibration, request_path
+from sloline.planner.calibration import (
+    MIN_BATCHES,
+    MIN_GROUP_BATCHES,
+    Calibration,
+    idle_groups,
+    request_path,
+)
 from sloline.planner.config import StageConfig
 from sloline.planner.estimator import Workload, estimate
 from sloline.planner.overhead import ServingOverhead
@@ -37,7 +43,11 @@ def _profile() -> PipelineProfile:
 
 
 def _measured(
-    extra_s: float, hop_s: float, batches_b: int = 200, request_s: np.ndarray | None = None
+    extra_s: float,
+    hop_s: float,
+    batches_b: int = 200,
+    request_s: np.ndarray | None = None,
+    idle_a: np.ndarray | None = None,
 ) -> Calibration:
     rng = np.random.default_rng(0)
     sizes_a = rng.choice([1, 2, 4], size=300).astype(np.float64)
@@ -54,6 +64,7 @@ def _measured(
         duration_s=30.0,
         requests=600,
         request_s=request_s,
+        idle_s=None if idle_a is None else {"a": idle_a},
     )
 
 
@@ -138,6 +149,72 @@ def test_the_estimate_moves_by_what_was_measured() -> None:
     assert p50(calibrated) - p50(profile) == pytest.approx(expected, abs=2e-4)
 
 
+def test_idle_groups_merge_sparse_bins_and_skip_unknown_idle_times() -> None:
+    n = MIN_GROUP_BATCHES
+    idle = np.concatenate(
+        [
+            np.full(n, 1e-4),  # one full bin
+            np.full(n // 2, 3e-3),  # two half bins: one group
+            np.full(n - n // 2, 7e-3),
+            np.full(n, 0.3),
+            np.full(3, 5.0),  # a short remainder: joins the group before
+            [np.nan],  # a worker's first batch
+        ]
+    )
+    extra = np.where(idle < 1e-3, 0.001, 0.004)
+    gaps, means, counts = idle_groups(idle, extra)
+    assert counts == (n, n, n + 3)
+    assert gaps[0] == pytest.approx(1e-4)
+    assert gaps[1] == pytest.approx((n // 2 * 3e-3 + (n - n // 2) * 7e-3) / n)
+    assert gaps[2] == pytest.approx((n * 0.3 + 15.0) / (n + 3))
+    assert means == pytest.approx((0.001, 0.004, 0.004))
+    assert idle_groups(idle[: n - 1], extra[: n - 1]) == ((), (), ())
+
+
+def test_the_in_situ_idle_penalty_follows_how_long_workers_sat_idle() -> None:
+    """Batches after 0.1 ms idle take the profile + 1 ms, after 50 ms idle + 4 ms: the
+    calibration's extra is 1 ms and its idle penalty 3 ms at 50 ms idle, which replaces
+    the profile's (2 ms at 100 ms). At 1 rps every batch finds its worker idle, so the
+    estimate moves by 4 ms per stage, where the mean extra (2.5 ms) would say 2.5 ms."""
+    rng = np.random.default_rng(3)
+    n = 400
+    sizes = np.ones(n)
+    idle = np.where(rng.random(n) < 0.5, 1e-4, 0.05)
+    service = LATENCY_S[1] + np.where(idle < 1e-3, 0.001, 0.004)
+    calibration = Calibration.measure(
+        _profile(),
+        {"a": ("cpu-1", 1), "b": ("cpu-1", 1)},
+        {"a": sizes, "b": sizes},
+        {"a": service, "b": service},
+        {"a": service, "b": service},
+        pipeline="p",
+        duration_s=30.0,
+        requests=n,
+        idle_s={"a": idle, "b": idle},
+    )
+    a = calibration.stages["a"]
+    assert a.extra_s == pytest.approx(0.001)
+    assert a.idle is not None and a.idle.extra_at(0.05) == pytest.approx(0.003)
+    assert a.idle.extra_at(1e-4) == pytest.approx(0.0, abs=1e-12)
+    assert "+1.00 ms per batch, +3.00 ms more after 50 ms idle" in calibration.summary()
+
+    plain = StageProfile.from_latencies("cpu-1", LATENCY_S)
+    profile = PipelineProfile(
+        stages={"a": {"cpu-1": _stage("cpu-1")}, "b": {"cpu-1": _stage("cpu-1")}}, hop_s=0.0
+    )
+    calibrated = calibration.apply(profile)
+    assert calibrated.stage("a", "cpu-1").idle == a.idle
+    topology = Topology.chain(("a", "b"))
+    arrivals = np.arange(100, dtype=np.float64)
+    config = (StageConfig("cpu-1", 1, 1), StageConfig("cpu-1", 1, 1))
+
+    def p50(p: PipelineProfile) -> float:
+        return estimate(topology, p, config, Workload.build(topology, p, arrivals)).percentile_s(50)
+
+    bare = PipelineProfile(stages={"a": {"cpu-1": plain}, "b": {"cpu-1": plain}}, hop_s=0.0)
+    assert p50(calibrated) - p50(bare) == pytest.approx(2 * 0.004, abs=2e-4)
+
+
 def test_a_stage_with_too_few_batches_is_left_as_profiled() -> None:
     calibration = _measured(extra_s=0.002, hop_s=0.0, batches_b=MIN_BATCHES - 1)
     assert not calibration.stages["b"].applied
@@ -204,19 +281,26 @@ def test_the_router_s_costs_scale_to_the_cpu_it_used() -> None:
 
 
 def test_round_trip_and_clear_errors(tmp_path: Path) -> None:
-    calibration = _measured(extra_s=0.001, hop_s=0.0005, request_s=np.full(100, 0.002))
+    idle = np.random.default_rng(4).exponential(0.01, 300)
+    calibration = _measured(0.001, 0.0005, request_s=np.full(100, 0.002), idle_a=idle)
+    assert len(calibration.stages["a"].idle_gaps_s) > 2
     calibration = calibration.with_router_cpu(0.3, 0.25)
     path = tmp_path / "calibration.json"
     calibration.save(path)
     assert Calibration.load(path) == calibration
     # `sloline run --calibration-out` files have no request path and no router CPU; older
-    # ones lack the keys.
+    # ones lack the keys, and the idle groups.
     data = json.loads(path.read_text())
     for key in ("requestSeconds", "routerCpuSeconds", "routerScale"):
         del data[key]
+    for stage in data["stages"].values():
+        for key in ("idleGapsSeconds", "idleExtraSeconds", "idleBatches"):
+            del stage[key]
     path.write_text(json.dumps(data))
     loaded = Calibration.load(path)
     assert loaded.request_s == () and loaded.router_cpu_s is None and loaded.router_scale == 1.0
+    assert loaded.stages["a"].idle is None
+    assert loaded.stages["a"].extra_s == pytest.approx(calibration.stages["a"].extra_s)
     data = json.loads(path.read_text())
     data["format"] = 0
     path.write_text(json.dumps(data))
