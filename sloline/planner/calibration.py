@@ -315,7 +315,8 @@ class Calibration:
             )
             idle = s.idle
             after_idle = (
-                f", +{idle.extra_s[-1] * 1e3:.2f} ms more after {idle.gaps_s[-1] * 1e3:.0f} ms idle"
+                f" (+{(s.extra_s + idle.extra_s[-1]) * 1e3:.2f} ms after "
+                f"{idle.gaps_s[-1] * 1e3:.0f} ms idle)"
                 if idle is not None
                 else ""
             )

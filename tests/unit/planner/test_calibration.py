@@ -196,7 +196,7 @@ def test_the_in_situ_idle_penalty_follows_how_long_workers_sat_idle() -> None:
     assert a.extra_s == pytest.approx(0.001)
     assert a.idle is not None and a.idle.extra_at(0.05) == pytest.approx(0.003)
     assert a.idle.extra_at(1e-4) == pytest.approx(0.0, abs=1e-12)
-    assert "+1.00 ms per batch, +3.00 ms more after 50 ms idle" in calibration.summary()
+    assert "+1.00 ms per batch (+4.00 ms after 50 ms idle)" in calibration.summary()
 
     plain = StageProfile.from_latencies("cpu-1", LATENCY_S)
     profile = PipelineProfile(
