@@ -1293,11 +1293,12 @@ def calibration_parts(path: Path) -> None:
     for name, result in report["examples"].items():
         topology, config, profile = _stored(name, result)
         full = Calibration.from_dict(result["calibration"]["calibration"])
+        mean = without_idle(full)
         bare = dataclasses.replace(
-            without_idle(full),
+            mean,
             stages={
                 n: dataclasses.replace(s, service_mean_s=s.profile_mean_s)
-                for n, s in without_idle(full).stages.items()
+                for n, s in mean.stages.items()
             },
             hop_s=(),
             request_s=(),
@@ -1312,7 +1313,7 @@ def calibration_parts(path: Path) -> None:
         profiles: dict[str, tuple[ServiceMode, PipelineProfile]] = {
             "profile": ("p50", profile),
             "calibrated": ("p50", full.apply(profile)),
-            "mean extra": ("p50", without_idle(full).apply(profile)),
+            "mean extra": ("p50", mean.apply(profile)),
             **{part: ("p50", alone[part].apply(profile)) for part in parts},
         }
         slo_s = result["slo_ms"] / 1e3
