@@ -865,7 +865,7 @@ def calibrate(
         "calibration": calibration.to_dict(),
         "batches": {
             key: {n: np.round(a, 7).tolist() for n, a in window[key].items()}
-            for key in ("batch", "service_s", "cpu_s", "roundtrip_s")
+            for key in ("batch", "service_s", "cpu_s", "idle_s", "roundtrip_s")
         },
     }
     return calibrated, info
