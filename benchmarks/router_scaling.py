@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import sys
 import tempfile
@@ -74,8 +73,7 @@ def perf_analyzer(port: int, elements: int, mode: list[str], window_ms: int,
 def router_requests(texts: list[str]) -> list[float]:
     """Requests answered so far by each router (`sloline_requests_total`, all codes) in a
     `SlolineSystem.scrape`."""
-    return [sum(float(v) for v in re.findall(r"^sloline_requests_total\{.*\} (\S+)$", text, re.M))
-            for text in texts]  # fmt: skip
+    return [SlolineSystem.metric_total(text, "sloline_requests_total") for text in texts]
 
 
 def relaxed_noop(run_dir: Path) -> Path:

@@ -324,11 +324,16 @@ class SlolineSystem:
         return out
 
     @staticmethod
-    def credit_messages(texts: list[str]) -> float:
+    def metric_total(text: str, name: str) -> float:
+        """The sum of every labelled series of the metric `name` in one router's text."""
+        pattern = rf"^{re.escape(name)}\{{.*\}} (\S+)$"
+        return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+    @classmethod
+    def credit_messages(cls, texts: list[str]) -> float:
         """Credit messages in a `scrape` (`sloline_stage_credit_messages_total`), every
         router, stage and kind."""
-        return sum(float(v) for text in texts for v in re.findall(
-            r"^sloline_stage_credit_messages_total\{.*\} (\S+)$", text, re.M))  # fmt: skip
+        return sum(cls.metric_total(t, "sloline_stage_credit_messages_total") for t in texts)
 
     @property
     def root_pid(self) -> int:

@@ -307,8 +307,7 @@ class Worker:
                 message, payload = received
                 if message.HasField("batch"):
                     credit.batch(address)
-                    start = time.perf_counter()
-                    idle_since = self._idle_since
+                    since = self._idle_since
                     result = run_batch(
                         self.runner,
                         message.batch,
@@ -316,7 +315,7 @@ class Worker:
                         self.settings.stage,
                         self.worker_id,
                         lambda: credit.elsewhere_age(address, time.monotonic()),
-                        None if idle_since is None else start - idle_since,
+                        None if since is None else time.perf_counter() - since,
                     )
                     self._idle_since = time.perf_counter()
                     await session.write(result)

@@ -425,7 +425,7 @@ def idle_groups(
     for end in ends:
         if end - bounds[-1] >= MIN_GROUP_BATCHES:
             bounds.append(end)
-    if len(bounds) > 1 and idle.size - bounds[-1] > 0:
+    if len(bounds) > 1 and idle.size > bounds[-1]:
         bounds[-1] = idle.size  # the short remainder joins the last group
     pairs = list(itertools.pairwise(bounds))
     return (
