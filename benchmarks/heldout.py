@@ -259,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--policies", nargs="+", choices=list(POLICIES), default=list(POLICIES))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--out", help="results file name under benchmarks/results/")
+    parser.add_argument(
+        "--out", help="results file: a name under benchmarks/results/, or an absolute path"
+    )
     args = parser.parse_args(argv)
     if "oracle" not in args.policies:
         parser.error("--policies must include oracle (costs are reported against it)")
@@ -311,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "skipped": skipped,
     }
     out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {out.relative_to(ROOT)}")
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     return 0
 
 
