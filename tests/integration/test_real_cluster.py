@@ -428,7 +428,7 @@ def test_deleting_the_deployment_stops_its_processes(web: Cluster) -> None:
     def gone() -> bool:
         return not web.get("pods", "-n", NS, "-l", "app=web")["items"]
 
-    wait_for("the pods gone", gone, 60, web.node_log)
+    wait_for("the pods gone", gone, 180, web.node_log)
     for address in addresses:
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(address, timeout=5).close()
