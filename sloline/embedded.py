@@ -40,6 +40,7 @@ from sloline.backends.base import ReplicaStatus
 from sloline.backends.local import WORKER_NICE, LocalBackend, RouterLaunch, StageLaunch
 from sloline.common.envelope import Envelope, StreamingEnvelope
 from sloline.model_server.worker import die_with_parent
+from sloline.planner.calibration import Calibration
 from sloline.planner.config import StageConfig
 from sloline.planner.plan import Plan
 from sloline.planner.problem import PlanningProblem
@@ -238,6 +239,7 @@ class EmbeddedPipeline:
             ArrivalMerger(lambda: self.router.stats.arrivals) if settings.routers > 1 else None
         )
         self.replanner: Replanner | None = None
+        self._serving_since = 0.0  # the router's clock when the workers were started
         check_models(loaded)
         self.configs = dict(configs or stage_configs(loaded, self.settings, plan))
         self.tuner: Tuner | None = None
@@ -305,6 +307,7 @@ class EmbeddedPipeline:
         )
         self.router.on_attach = self.backend.worker_connected
         await self.backend.start()
+        self._serving_since = self.router.clock()
         if self.plan is not None and self.settings.tuner:
             self.tuner = self._make_tuner(self.plan, self.backend)
             self._tasks.append(asyncio.create_task(self.tuner.run(self._stop)))
@@ -392,6 +395,22 @@ class EmbeddedPipeline:
         arrivals = self.router.stats.arrivals
         assert arrivals is not None  # recorded while the re-planner runs
         return np.sort(arrivals.since(since_s))
+
+    def measured(self, since_s: float) -> Calibration | None:
+        """A calibration of the batches served since ``since_s`` against the plan's profile
+        (each stage's first batches after start-up left out); None where a stage's class
+        has no profile."""
+        from sloline.measure.calibrate import WARMUP_BATCHES, measure_served
+
+        assert self.problem is not None  # the re-planner runs with a planning problem
+        warmup = WARMUP_BATCHES if since_s <= self._serving_since else 0
+        try:
+            return measure_served(
+                self, self.problem.profile, max(since_s, 0.0), warmup_batches=warmup
+            )
+        except (KeyError, ValueError) as exc:  # a class served that was not profiled
+            log.warning("re-plan: serving not measured, planning on the profile: %s", exc)
+            return None
 
     def desired(self) -> dict[str, int]:
         assert self.backend is not None

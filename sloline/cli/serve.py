@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from sloline.planner.profile import PipelineProfile
     from sloline.tuner.replan import ReplanSettings
 
-CALIBRATION_WARMUP_BATCHES = 20  # `run --calibration-out`: each stage's first batches warm up
-
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_run_parser(sub)
@@ -284,12 +282,10 @@ def _calibrate(
     pipeline: EmbeddedPipeline, profile: PipelineProfile, since: float, path: Path
 ) -> None:
     """Measure a calibration from the router's records since ``since`` and write it."""
-    from sloline.measure.calibrate import measure_served
+    from sloline.measure.calibrate import WARMUP_BATCHES, measure_served
 
     try:
-        calibration = measure_served(
-            pipeline, profile, since, warmup_batches=CALIBRATION_WARMUP_BATCHES
-        )
+        calibration = measure_served(pipeline, profile, since, warmup_batches=WARMUP_BATCHES)
         calibration.save(path)
     except (KeyError, ValueError, OSError) as exc:  # e.g. --hardware on an unprofiled class
         print(f"error: calibration not written to {path}: {exc}", file=sys.stderr, flush=True)

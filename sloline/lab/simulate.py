@@ -68,7 +68,7 @@ from sloline.tuner.policy import (
     effective_rates,
     estimate_load,
 )
-from sloline.tuner.replan import ReplanSettings, choose, plan_recent
+from sloline.tuner.replan import ReplanSettings, choose, plan_recent, running_config
 from sloline.tuner.sources import device_caps
 
 __all__ = [
@@ -210,8 +210,10 @@ def _inferline_replan(
     """The InferLine tuner that also re-plans on recent arrivals
     (:mod:`sloline.tuner.replan`, as the live :class:`~sloline.tuner.replan.Replanner`):
     every ``replan.interval_s``, :func:`~sloline.tuner.replan.choose` on the plan for the
-    last ``replan.lookback_s``; between plans, the tuner as in ``inferline`` on the plan
-    adopted last."""
+    last ``replan.lookback_s`` and the running configuration's estimate there; between
+    plans, the tuner as in ``inferline`` on the plan adopted last. The simulation serves
+    ``problem``'s profile, so it plans with the served speed exactly, where the live loop
+    plans with a calibration of the look-back's batches."""
     windows = settings.windows_s
 
     def adopt(candidate: Plan, now_s: float) -> _Replanning:
@@ -223,12 +225,15 @@ def _inferline_replan(
         if now - state.last_plan_s >= replan.interval_s and recent is not None:
             state = dataclasses.replace(state, last_plan_s=now)
             arrivals = recent - (now - replan.lookback_s)
-            if replan.steady(arrivals):
-                candidate = plan_recent(problem, arrivals, windows)
-                desired = [v.desired for v in observation.stages]
-                targets, _ = choose(state.plan, candidate, desired, problem.hardware_costs, replan)
-                if candidate is not None and targets is not None:
-                    return targets, adopt(candidate, now)
+            desired = [v.desired for v in observation.stages]
+            running = running_config(state.plan, desired)
+            steady = replan.steady(arrivals)
+            result = plan_recent(problem, arrivals, windows, running, steady=steady)
+            targets, _ = choose(
+                state.plan, result, desired, problem.hardware_costs, replan, problem.slo_s
+            )
+            if result.candidate is not None and targets is not None:
+                return targets, adopt(result.candidate, now)
         targets, last_change_s = state.tune(observation, state.last_change_s)
         return targets, dataclasses.replace(state, last_change_s=last_change_s)
 

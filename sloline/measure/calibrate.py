@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from sloline.embedded import EmbeddedPipeline
 
 __all__ = [
+    "WARMUP_BATCHES",
     "InSituRun",
     "calibrate_plan",
     "measure_in_situ",
@@ -62,6 +63,7 @@ __all__ = [
 T = TypeVar("T")
 
 WARMUP_S = 3.0  # the trace's first seconds, sent once before the measured run
+WARMUP_BATCHES = 20  # serving measured from its start: each stage's first batches warm up
 MAX_OUTSTANDING = 2_000  # the client stops sending beyond this many requests in flight
 DRAIN_S = 30.0  # after the last send, wait at most this long for the answers
 REQUEST_TIMEOUT_S = 30.0

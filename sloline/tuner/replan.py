@@ -1,5 +1,6 @@
-"""Re-planning while serving: the planner run again on the last minute of arrivals, its plan
-adopted when it changes a stage's hardware or batch and that change costs less than what runs.
+"""Re-planning while serving: the planner run again on the last minute of arrivals, as
+served, its plan adopted when the configuration running misses the SLO on those arrivals, or
+when it changes a stage's hardware or batch and that change costs less than what runs.
 
 The tuner (Algorithms 3 and 4) only changes replica counts, with the plan's batch sizes,
 hardware and rho_m; InferLine re-runs its planner "periodically" (§3) for the rest. When
@@ -8,13 +9,21 @@ cheapest configuration can use smaller batches or other hardware, which no repli
 reaches (docs/tuner.md, "Re-planning"). :func:`choose` is the pure rule, shared by the
 closed-loop simulation (``inferline-replan``) and the live :class:`Replanner`:
 
-- plan only on a **steady** look-back (:meth:`ReplanSettings.steady`): planning on a
+- save only on a **steady** look-back (:meth:`ReplanSettings.steady`): planning on a
   climb packs the plan for a load already left behind, and the tuner is the fast path;
-- adopt only when some stage gets **another hardware class or max batch** (replica
-  counts are the tuner's business) and the stages it reconfigures then cost at least
-  ``min_saving`` of the pipeline's running cost per hour less than their replicas
-  running now (a plan cheaper only in the other stages' counts saves nothing: they keep
-  their replicas);
+  on any other look-back the planner runs only to rescue a configuration that misses;
+- plan **as served**: live, the profile carries a calibration of the look-back's own
+  batches (:mod:`sloline.planner.calibration`: each stage's extra model time per batch
+  and in-situ idle penalty, the in-situ hops), so that a host slower than when it was
+  profiled gets a plan sized for the speed it serves at (the tuner alone scales on
+  arrivals and sees none of it);
+- adopt when the configuration running (its hardware, batches and desired replicas)
+  **misses the SLO** on the look-back's arrivals by the same estimate (a rescue: the
+  stages the plan leaves as they are get at least its replica counts), or when some
+  stage gets **another hardware class or max batch** (replica counts are the tuner's
+  business) and the stages it reconfigures then cost at least ``min_saving`` of the
+  pipeline's running cost per hour less than their replicas running now (a plan cheaper
+  only in the other stages' counts saves nothing: they keep their replicas);
 - a changed stage starts the new plan's replicas of its new configuration and hands
   over once they serve (the old ones finish their batches, then stop); a stage the plan
   leaves as it is keeps at least the replicas it runs, and the tuner, now on the new
@@ -27,6 +36,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 import multiprocessing
 import os
@@ -40,13 +50,15 @@ import numpy as np
 import numpy.typing as npt
 
 from sloline.common.envelope import Envelope
-from sloline.planner.config import StageConfig
+from sloline.planner.calibration import Calibration
+from sloline.planner.config import Config, StageConfig
+from sloline.planner.evaluator import Evaluator
 from sloline.planner.plan import Plan
 from sloline.planner.planner import InfeasibleError
 from sloline.planner.planner import plan as make_plan
 from sloline.planner.problem import PlanningProblem
 
-__all__ = ["ReplanSettings", "Replanner", "choose", "plan_recent"]
+__all__ = ["Replan", "ReplanSettings", "Replanner", "choose", "plan_recent", "running_config"]
 
 _LOG = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float64]
@@ -84,40 +96,87 @@ class ReplanSettings:
         return first > 0 and abs(second - first) <= self.max_drift * first
 
 
+@dataclass(frozen=True, slots=True)
+class Replan:
+    """The planner's answer on a look-back: its plan (None: no configuration meets the
+    SLO, or not planned), the configuration running, estimated on the same arrivals: its
+    latency at the SLO percentile (None: not estimated), and whether the look-back's rate
+    was steady."""
+
+    candidate: Plan | None
+    running_tail_s: float | None = None
+    steady: bool = True
+
+
 def plan_recent(
-    problem: PlanningProblem, arrivals_s: FloatArray, windows_s: Sequence[float]
-) -> Plan | None:
-    """The planner on ``arrivals_s`` (from 0) with ``problem``'s pipeline, prices and SLO;
-    its envelope at ``windows_s``, the windows the tuner observes. None if infeasible."""
+    problem: PlanningProblem,
+    arrivals_s: FloatArray,
+    windows_s: Sequence[float],
+    running: Config | None = None,
+    *,
+    steady: bool = True,
+) -> Replan:
+    """The planner on ``arrivals_s`` (from 0) with ``problem``'s pipeline, profile, prices
+    and SLO, its envelope at ``windows_s``, the windows the tuner observes; and
+    ``running`` (a configuration of the same pipeline) estimated on those arrivals. On a
+    look-back that is not ``steady`` the planner runs only where ``running`` misses the
+    SLO there (a rescue)."""
+    recent = dataclasses.replace(problem, arrivals_s=arrivals_s)
+    tail = None
+    if running is not None:
+        tail = Evaluator(recent).estimate(running).percentile_s(recent.percentile)
+    if not steady and not (tail is not None and tail > recent.slo_s):
+        return Replan(None, tail, steady)
     try:
-        candidate = make_plan(dataclasses.replace(problem, arrivals_s=arrivals_s))
+        candidate = make_plan(recent)
     except InfeasibleError:
-        return None
-    return dataclasses.replace(candidate, envelope=Envelope.of_trace(arrivals_s, windows_s))
+        return Replan(None, tail, steady)
+    envelope = Envelope.of_trace(arrivals_s, windows_s)
+    return Replan(dataclasses.replace(candidate, envelope=envelope), tail, steady)
 
 
 def choose(
     running: Plan,
-    candidate: Plan | None,
+    replan: Replan,
     desired: Sequence[int],
     prices: Mapping[str, float],
     settings: ReplanSettings,
+    slo_s: float,
 ) -> tuple[tuple[int | StageConfig, ...] | None, str]:
-    """The targets that adopt ``candidate`` (per stage, topology order: a new
+    """The targets that adopt ``replan.candidate`` (per stage, topology order: a new
     configuration where its hardware or batch changes, else a replica count), or None
     when it is not adopted; and why. ``desired``: the replicas running now per stage,
     on ``running``'s hardware.
 
-    The saving that counts is the reconfigured stages': their replicas running now less
-    the candidate's replicas of them, at each class's price. The other stages keep at
-    least the replicas they run, so a candidate that is cheaper only in their counts
-    saves nothing by being adopted (the tuner scales those)."""
+    Where the configuration running misses ``slo_s`` on the look-back
+    (``replan.running_tail_s``), the candidate is adopted whatever it costs, and the
+    stages it leaves as they are keep at least the replicas they run. Otherwise the saving
+    that counts is the reconfigured stages': their replicas running now less the
+    candidate's replicas of them, at each class's price. The other stages keep at least
+    the replicas they run, so a candidate that is cheaper only in their counts saves
+    nothing by being adopted (the tuner scales those)."""
+    candidate, tail = replan.candidate, replan.running_tail_s
+    misses = tail is not None and tail > slo_s
+    if not (misses or replan.steady):
+        return None, "not a steady rate, and the running configuration meets the SLO"
     if candidate is None:
         return None, "no configuration meets the SLO on the look-back's arrivals"
     changed = [
         (new.hardware, new.max_batch) != (old.hardware, old.max_batch)
         for new, old in zip(candidate.stages, running.stages, strict=True)
     ]
+    targets = tuple(
+        StageConfig(new.hardware, new.max_batch, new.replicas) if change else max(new.replicas, n)
+        for new, n, change in zip(candidate.stages, desired, changed, strict=True)
+    )
+    reconfigured = ", ".join(
+        f"{new.name} {new.replicas} x {new.hardware} batch {new.max_batch}"
+        for new, change in zip(candidate.stages, changed, strict=True)
+        if change
+    )
+    if misses:
+        assert tail is not None
+        return _rescue(candidate, desired, targets, reconfigured, tail, slo_s)
     if not any(changed):
         return None, "only replica counts would change (the tuner's business)"
     now = sum(n * prices[s.hardware] for n, s in zip(desired, running.stages, strict=True))
@@ -133,18 +192,40 @@ def choose(
             f"the plan for {candidate.rate_rps:.1f} rps would save ${saving:.3f}/hour of the "
             f"${now:.3f}/hour running, by the stages it reconfigures"
         )
-    targets = tuple(
-        StageConfig(new.hardware, new.max_batch, new.replicas) if change else max(new.replicas, n)
-        for new, n, change in zip(candidate.stages, desired, changed, strict=True)
-    )
     return targets, (
         f"a plan for {candidate.rate_rps:.1f} rps saves ${saving:.3f}/hour of the "
-        f"${now:.3f}/hour running: "
-        + ", ".join(
-            f"{new.name} {new.replicas} x {new.hardware} batch {new.max_batch}"
-            for new, change in zip(candidate.stages, changed, strict=True)
-            if change
-        )
+        f"${now:.3f}/hour running: {reconfigured}"
+    )
+
+
+def _rescue(
+    candidate: Plan,
+    desired: Sequence[int],
+    targets: tuple[int | StageConfig, ...],
+    reconfigured: str,
+    tail_s: float,
+    slo_s: float,
+) -> tuple[tuple[int | StageConfig, ...] | None, str]:
+    """:func:`choose` where the running configuration misses the SLO by ``tail_s``."""
+    if targets == tuple(desired):
+        return None, "the running configuration misses the SLO, and so does the plan's"
+    scaled = ", ".join(
+        f"{new.name} {n} -> {t}"
+        for new, n, t in zip(candidate.stages, desired, targets, strict=True)
+        if isinstance(t, int) and t != n
+    )
+    return targets, (
+        f"the running configuration misses the SLO on the look-back's arrivals "
+        f"(estimated {tail_s * 1e3:.1f} ms > {slo_s * 1e3:.1f} ms); the plan for "
+        f"{candidate.rate_rps:.1f} rps: " + "; ".join(p for p in (reconfigured, scaled) if p)
+    )
+
+
+def running_config(plan: Plan, desired: Sequence[int]) -> Config:
+    """``plan``'s hardware and batches with the ``desired`` replicas (topology order)."""
+    return tuple(
+        StageConfig(s.hardware, s.max_batch, max(1, n))
+        for s, n in zip(plan.stages, desired, strict=True)
     )
 
 
@@ -152,6 +233,7 @@ class Serving(Protocol):
     """What the live re-planner drives (implemented by the embedded pipeline)."""
 
     def recent_arrivals(self, since_s: float) -> FloatArray: ...
+    def measured(self, since_s: float) -> Calibration | None: ...
     def desired(self) -> Mapping[str, int]: ...
     def reconfigure(self, stage: str, config: StageConfig) -> None: ...
     def scale(self, stage: str, replicas: int) -> None: ...
@@ -194,6 +276,7 @@ class Replanner:
         self._log = logger
         self._pending: set[str] = set()
         self.adopted: list[tuple[float, Plan]] = []  # (time, plan)
+        self.measured: Calibration | None = None  # the last re-plan's, if serving measured one
         self.handed_over: list[tuple[float, str]] = []  # (time, stage)
 
     async def step(self, pool: concurrent.futures.Executor | None) -> Plan | None:
@@ -201,25 +284,28 @@ class Replanner:
         now = self._clock()
         arrivals = self._serving.recent_arrivals(now - self._settings.lookback_s)
         arrivals = arrivals - (now - self._settings.lookback_s)
-        if not self._settings.steady(arrivals):
-            self._log.info(
-                "re-plan: skipped, %d arrivals in the last %.0f s are not a steady rate",
-                arrivals.size,
-                self._settings.lookback_s,
-            )
-            return None
-        loop = asyncio.get_running_loop()
-        candidate = await loop.run_in_executor(
-            pool, plan_recent, self.problem, arrivals, self._windows
-        )
         stages = [s.name for s in self.plan.stages]
         desired = self._serving.desired()
+        counts = [desired[n] for n in stages]
+        problem = self.problem
+        measured = self.measured = self._serving.measured(now - self._settings.lookback_s)
+        if measured is not None:
+            problem = dataclasses.replace(problem, profile=measured.apply(problem.profile))
+        loop = asyncio.get_running_loop()
+        replan = await loop.run_in_executor(
+            pool,
+            functools.partial(
+                plan_recent,
+                problem,
+                arrivals,
+                self._windows,
+                running_config(self.plan, counts),
+                steady=self._settings.steady(arrivals),
+            ),
+        )
+        candidate = replan.candidate
         targets, why = choose(
-            self.plan,
-            candidate,
-            [desired[n] for n in stages],
-            self.problem.hardware_costs,
-            self._settings,
+            self.plan, replan, counts, problem.hardware_costs, self._settings, problem.slo_s
         )
         if candidate is None or targets is None:
             self._log.info("re-plan: kept the running plan: %s", why)

@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 
-from sloline.cli.serve import CALIBRATION_WARMUP_BATCHES
+from sloline.measure.calibrate import WARMUP_BATCHES
 from sloline.measure.inprocess import InProcessPipeline
 from sloline.planner.calibration import MIN_BATCHES, Calibration
 from sloline.serving.router import RouterSettings
@@ -138,11 +138,11 @@ def test_digits_cascade_via_cli_with_tritonclient(
     # request the fast stage served, less the warm-up batches it leaves out.
     calibration = Calibration.load(tmp_path / "calibration.json")
     fast_stage = calibration.stages["fast"]
-    assert fast_stage.batches == 2 * len(x_test) - CALIBRATION_WARMUP_BATCHES, output
+    assert fast_stage.batches == 2 * len(x_test) - WARMUP_BATCHES, output
     assert fast_stage.mean_batch == 1.0 and fast_stage.extra_s >= 0.0
     # On a CPU class the model time is the worker's CPU time, at most its wall time.
     assert 0.0 < fast_stage.service_mean_s < fast_stage.wall_mean_s
-    assert calibration.stages["accurate"].batches == items("accurate") - CALIBRATION_WARMUP_BATCHES
+    assert calibration.stages["accurate"].batches == items("accurate") - WARMUP_BATCHES
     assert len(calibration.hop_s) > 0 and min(calibration.hop_s) >= 0.0
     assert calibration.router_cpu_s is None and calibration.router_scale == 1.0  # no arrivals
     assert "calibration written to" in output

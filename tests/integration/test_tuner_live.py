@@ -115,9 +115,9 @@ def test_load_step_scales_up_then_down(sleepy_session: PlanningSession, record_p
 def test_replanning_hands_a_stage_over_to_a_cheaper_batch_size(tmp_path: Path) -> None:
     """Served with a plan that is dearer than the traffic needs (batch 1, 3 replicas,
     where the planner would run one replica at batch 8), the re-planner plans on the
-    last seconds of steady traffic, adopts batch 8, starts its worker and stops the old
-    ones once it serves; no request is lost and every batch after the handover may hold
-    up to 8 requests."""
+    last seconds of steady traffic, calibrated with their batches, adopts batch 8,
+    starts its worker and stops the old ones once it serves; no request is lost and
+    every batch after the handover may hold up to 8 requests."""
     loaded = load_pipeline(BATCHY)
     session = plan_pipeline(
         loaded, DEFAULT_CATALOG, ProfilerSettings(max_batch_cap=8, cache_dir=tmp_path)
@@ -151,12 +151,15 @@ def test_replanning_hands_a_stage_over_to_a_cheaper_batch_size(tmp_path: Path) -
             state = (replanner.adopted, router.replicas(), backend.outgoing("work"))
             assert time.monotonic() < deadline, state
             time.sleep(0.2)
+        measured = replanner.measured
         adopted = [(t, p.stage("work")) for t, p in replanner.adopted]
         handed = list(replanner.handed_over)
         outgoing, limit = backend.outgoing("work"), router.queues["work"].max_batch
     failed = [r for r in results if r[1] is None]
     assert len(results) > 900 and not failed, failed[:3]
     assert adopted, "no plan adopted"
+    # It planned as served: with a calibration of the look-back's batches.
+    assert measured is not None and measured.stages["work"].applied, measured
     first_at, first = adopted[0]
     assert (first.max_batch, first.replicas) == (8, 1)
     assert limit == 8
