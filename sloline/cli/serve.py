@@ -100,8 +100,9 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         const=30.0,
         default=None,
         metavar="SECONDS",
-        help="every SECONDS (default 30), plan again on the last minute of traffic and "
-        "adopt a cheaper plan that changes a stage's hardware or batch (off by default)",
+        help="every SECONDS (default 30), plan again on the last minute of traffic as "
+        "served; adopt the plan when the running configuration misses the SLO there, or "
+        "when it changes a stage's hardware or batch for less (off by default)",
     )
     p.add_argument(
         "--worker-nice",
