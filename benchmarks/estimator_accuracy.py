@@ -90,7 +90,7 @@ from sloline.backends.local import WORKER_NICE  # noqa: E402
 from sloline.common.tensors import Arrays  # noqa: E402
 from sloline.common.trace import gamma_arrivals  # noqa: E402
 from sloline.embedded import EmbeddedPipeline, EmbeddedSettings, StageDeployment  # noqa: E402
-from sloline.measure.calibrate import DRAIN_S, measure_served, run_client  # noqa: E402
+from sloline.measure.calibrate import DRAIN_S, run_client  # noqa: E402
 from sloline.measure.calibrate import replay as replay_arrivals  # noqa: E402
 from sloline.measure.profiler import (  # noqa: E402
     ProfilerSettings,
@@ -831,7 +831,7 @@ def calibrate(
     profile = example.session.profile
 
     async def measure() -> Calibration:  # on the router's loop, as it records
-        return measure_served(served.pipeline, profile, t0, t1, client_latency_s=client)
+        return served.pipeline.calibration(profile, t0, t1, client_latency_s=client)
 
     calibration = served.call(measure()).with_router_cpu_on(
         cpu1["router"] - cpu0["router"], example.topology, profile, example.config, arrivals

@@ -40,10 +40,11 @@ from sloline.backends.base import ReplicaStatus
 from sloline.backends.local import WORKER_NICE, LocalBackend, RouterLaunch, StageLaunch
 from sloline.common.envelope import Envelope, StreamingEnvelope
 from sloline.model_server.worker import die_with_parent
-from sloline.planner.calibration import Calibration
+from sloline.planner.calibration import Calibration, request_path
 from sloline.planner.config import StageConfig
 from sloline.planner.plan import Plan
 from sloline.planner.problem import PlanningProblem
+from sloline.planner.profile import PipelineProfile
 from sloline.serving import process
 from sloline.serving.app import RouterApp, envelope_windows_s
 from sloline.serving.auth import WORKER_TOKEN_ENV, generate_token
@@ -83,6 +84,7 @@ ARRIVAL_DELAY_S = ARRIVAL_HOLD_S + ARRIVAL_FLUSH_S  # how far behind its envelop
 _PIPE_WRITE = 4096 // 8  # arrival times per pipe write (PIPE_BUF: atomic among writers)
 
 log = logging.getLogger(__name__)
+WARMUP_BATCHES = 20  # serving measured from its start: each stage's first batches warm up
 
 
 def default_routers() -> int:
@@ -396,18 +398,53 @@ class EmbeddedPipeline:
         assert arrivals is not None  # recorded while the re-planner runs
         return np.sort(arrivals.since(since_s))
 
+    def calibration(
+        self,
+        profile: PipelineProfile,
+        since: float,
+        until: float | None = None,
+        *,
+        warmup_batches: int = 0,
+        client_latency_s: np.ndarray | None = None,
+    ) -> Calibration:
+        """The calibration of what the router recorded from ``since`` (its clock) to
+        ``until`` (default: now), against ``profile``; with the request path when a
+        client's latencies of the same requests are given (``sloline calibrate``; ``sloline
+        run --calibration-out`` and the re-planner have none)."""
+        router = self.router
+        stats = router.stats
+        router_latency = stats.latency.since(since)
+        catalog = self.settings.catalog
+        on_cpu = {
+            n for n, c in self.configs.items() if catalog.get(c.hardware).accelerator == "cpu"
+        }
+        return Calibration.measure(
+            profile,
+            {n: (c.hardware, c.max_batch) for n, c in self.configs.items()},
+            {n: r.since(since) for n, r in stats.stage_batch.items()},
+            {n: r.since(since) for n, r in stats.stage_service.items()},
+            {n: r.since(since) for n, r in stats.stage_roundtrip.items()},
+            pipeline=self.loaded.name,
+            duration_s=max(0.0, (router.clock() if until is None else until) - since),
+            requests=int(router_latency.size),
+            warmup_batches=warmup_batches,
+            cpu_s={n: r.since(since) for n, r in stats.stage_cpu.items() if n in on_cpu},
+            idle_s={n: r.since(since) for n, r in stats.stage_idle.items()},
+            request_s=(
+                request_path(client_latency_s, router_latency)
+                if client_latency_s is not None
+                else ()
+            ),
+        )
+
     def measured(self, since_s: float) -> Calibration | None:
         """A calibration of the batches served since ``since_s`` against the plan's profile
         (each stage's first batches after start-up left out); None where a stage's class
         has no profile."""
-        from sloline.measure.calibrate import WARMUP_BATCHES, measure_served
-
         assert self.problem is not None  # the re-planner runs with a planning problem
         warmup = WARMUP_BATCHES if since_s <= self._serving_since else 0
         try:
-            return measure_served(
-                self, self.problem.profile, max(since_s, 0.0), warmup_batches=warmup
-            )
+            return self.calibration(self.problem.profile, max(since_s, 0.0), warmup_batches=warmup)
         except (KeyError, ValueError) as exc:  # a class served that was not profiled
             log.warning("re-plan: serving not measured, planning on the profile: %s", exc)
             return None

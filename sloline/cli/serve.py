@@ -283,10 +283,10 @@ def _calibrate(
     pipeline: EmbeddedPipeline, profile: PipelineProfile, since: float, path: Path
 ) -> None:
     """Measure a calibration from the router's records since ``since`` and write it."""
-    from sloline.measure.calibrate import WARMUP_BATCHES, measure_served
+    from sloline.embedded import WARMUP_BATCHES
 
     try:
-        calibration = measure_served(pipeline, profile, since, warmup_batches=WARMUP_BATCHES)
+        calibration = pipeline.calibration(profile, since, warmup_batches=WARMUP_BATCHES)
         calibration.save(path)
     except (KeyError, ValueError, OSError) as exc:  # e.g. --hardware on an unprofiled class
         print(f"error: calibration not written to {path}: {exc}", file=sys.stderr, flush=True)

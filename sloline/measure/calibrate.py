@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from selectors import SelectSelector
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from sloline.common.tensors import Arrays
 from sloline.measure.profiler import ProfilerSettings, load_samples
 from sloline.measure.session import PlanningSession, plan_pipeline
-from sloline.planner.calibration import Calibration, request_path
+from sloline.planner.calibration import Calibration
 from sloline.planner.estimator import Estimate
 from sloline.planner.evaluator import Evaluator
 from sloline.planner.plan import Plan
@@ -47,15 +47,10 @@ from sloline.planner.topology import Topology
 from sloline.spec import LoadedPipeline
 from sloline.spec.hardware import HardwareCatalog
 
-if TYPE_CHECKING:
-    from sloline.embedded import EmbeddedPipeline
-
 __all__ = [
-    "WARMUP_BATCHES",
     "InSituRun",
     "calibrate_plan",
     "measure_in_situ",
-    "measure_served",
     "replay",
     "run_client",
 ]
@@ -63,7 +58,6 @@ __all__ = [
 T = TypeVar("T")
 
 WARMUP_S = 3.0  # the trace's first seconds, sent once before the measured run
-WARMUP_BATCHES = 20  # serving measured from its start: each stage's first batches warm up
 MAX_OUTSTANDING = 2_000  # the client stops sending beyond this many requests in flight
 DRAIN_S = 30.0  # after the last send, wait at most this long for the answers
 REQUEST_TIMEOUT_S = 30.0
@@ -243,7 +237,7 @@ async def measure_in_situ(
             client.close()
         done = result["done"]
         client_latency = (done - result["sent"])[np.isfinite(done)]
-        calibration = measure_served(served, profile, since, until, client_latency_s=client_latency)
+        calibration = served.calibration(profile, since, until, client_latency_s=client_latency)
         return InSituRun(
             calibration,
             client_latency,
@@ -252,42 +246,6 @@ async def measure_in_situ(
             served.router.slo_s,
             cpu1 - cpu0,
         )
-
-
-def measure_served(
-    served: EmbeddedPipeline,
-    profile: PipelineProfile,
-    since: float,
-    until: float | None = None,
-    *,
-    warmup_batches: int = 0,
-    client_latency_s: np.ndarray | None = None,
-) -> Calibration:
-    """The calibration of what ``served``'s router recorded from ``since`` (its clock) to
-    ``until`` (default: now), against ``profile``; with the request path when a client's
-    latencies of the same requests are given (``sloline calibrate``; ``sloline run
-    --calibration-out`` has none)."""
-    router = served.router
-    stats = router.stats
-    router_latency = stats.latency.since(since)
-    catalog = served.settings.catalog
-    on_cpu = {n for n, c in served.configs.items() if catalog.get(c.hardware).accelerator == "cpu"}
-    return Calibration.measure(
-        profile,
-        {n: (c.hardware, c.max_batch) for n, c in served.configs.items()},
-        {n: r.since(since) for n, r in stats.stage_batch.items()},
-        {n: r.since(since) for n, r in stats.stage_service.items()},
-        {n: r.since(since) for n, r in stats.stage_roundtrip.items()},
-        pipeline=served.loaded.name,
-        duration_s=max(0.0, (router.clock() if until is None else until) - since),
-        requests=int(router_latency.size),
-        warmup_batches=warmup_batches,
-        cpu_s={n: r.since(since) for n, r in stats.stage_cpu.items() if n in on_cpu},
-        idle_s={n: r.since(since) for n, r in stats.stage_idle.items()},
-        request_s=(
-            request_path(client_latency_s, router_latency) if client_latency_s is not None else ()
-        ),
-    )
 
 
 def calibrate_plan(

@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 
-from sloline.measure.calibrate import WARMUP_BATCHES
+from sloline.embedded import WARMUP_BATCHES
 from sloline.measure.inprocess import InProcessPipeline
 from sloline.planner.calibration import MIN_BATCHES, Calibration
 from sloline.serving.router import RouterSettings
