@@ -107,6 +107,10 @@ class Replan:
     running_tail_s: float | None = None
     steady: bool = True
 
+    def misses(self, slo_s: float) -> bool:
+        """Whether the configuration running was estimated over ``slo_s``."""
+        return self.running_tail_s is not None and self.running_tail_s > slo_s
+
 
 def plan_recent(
     problem: PlanningProblem,
@@ -125,12 +129,13 @@ def plan_recent(
     tail = None
     if running is not None:
         tail = Evaluator(recent).estimate(running).percentile_s(recent.percentile)
-    if not steady and not (tail is not None and tail > recent.slo_s):
-        return Replan(None, tail, steady)
+    unplanned = Replan(None, tail, steady)
+    if not (steady or unplanned.misses(recent.slo_s)):
+        return unplanned
     try:
         candidate = make_plan(recent)
     except InfeasibleError:
-        return Replan(None, tail, steady)
+        return unplanned
     envelope = Envelope.of_trace(arrivals_s, windows_s)
     return Replan(dataclasses.replace(candidate, envelope=envelope), tail, steady)
 
@@ -155,8 +160,7 @@ def choose(
     candidate's replicas of them, at each class's price. The other stages keep at least
     the replicas they run, so a candidate that is cheaper only in their counts saves
     nothing by being adopted (the tuner scales those)."""
-    candidate, tail = replan.candidate, replan.running_tail_s
-    misses = tail is not None and tail > slo_s
+    candidate, misses = replan.candidate, replan.misses(slo_s)
     if not (misses or replan.steady):
         return None, "not a steady rate, and the running configuration meets the SLO"
     if candidate is None:
@@ -175,8 +179,8 @@ def choose(
         if change
     )
     if misses:
-        assert tail is not None
-        return _rescue(candidate, desired, targets, reconfigured, tail, slo_s)
+        assert replan.running_tail_s is not None
+        return _rescue(candidate, desired, targets, reconfigured, replan.running_tail_s, slo_s)
     if not any(changed):
         return None, "only replica counts would change (the tuner's business)"
     now = sum(n * prices[s.hardware] for n, s in zip(desired, running.stages, strict=True))
