@@ -58,11 +58,10 @@ from sloline.lab.bound import reactive_bound
 from sloline.lab.heldout import fresh_seed
 from sloline.lab.heldout.pipelines import random_pipeline
 from sloline.lab.heldout.shapes import SHAPES, shape_trace
+from sloline.lab.problems import slower
 from sloline.lab.simulate import POLICIES, simulate
 from sloline.planner.planner import InfeasibleError
 from sloline.planner.planner import plan as make_plan
-from sloline.planner.problem import PlanningProblem
-from sloline.planner.profile import BatchLatency
 from sloline.tuner.replan import ReplanSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,33 +77,6 @@ SETTLED_S = ReplanSettings().lookback_s  # attainment also counted after the fir
 def trace_seed(run_seed: int, pipeline_seed: int) -> int:
     """The seed of a pipeline's traces in a run: distinct per (run, pipeline)."""
     return int(np.random.SeedSequence([run_seed, pipeline_seed]).generate_state(1)[0])
-
-
-def slower(problem: PlanningProblem, factor: float) -> PlanningProblem:
-    """``problem`` on a host ``factor`` times slower: every model time of every stage on
-    every class x ``factor`` (idle penalties, hops and the router as profiled)."""
-    if factor == 1.0:
-        return problem
-    stages = {
-        name: {
-            hw: dataclasses.replace(
-                stage,
-                points=tuple(
-                    BatchLatency(
-                        p.batch_size,
-                        p.p50_s * factor,
-                        p.p99_s * factor,
-                        p.mean_s * factor,
-                        tuple(v * factor for v in p.samples_s),
-                    )
-                    for p in stage.points
-                ),
-            )
-            for hw, stage in per_hw.items()
-        }
-        for name, per_hw in problem.profile.stages.items()
-    }
-    return dataclasses.replace(problem, profile=dataclasses.replace(problem.profile, stages=stages))
 
 
 def run_pair(

@@ -10,19 +10,23 @@ cores, 1.8x faster); every problem has at least one GPU class and ``cpu``. Topol
 chains or DAGs (a stage reads one or two earlier stages); rates 20-300 rps, gamma traces
 with CV² 1 or 4; the SLO is 1.3-5x the pipeline's fastest pure service time plus up to
 40 ms.
+
+:func:`slower` gives any problem on a host slower (or faster) than the one profiled.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
 from sloline.common.trace import gamma_arrivals
 from sloline.lab.synthetic import best_latency_s
 from sloline.planner.problem import PlanningProblem
-from sloline.planner.profile import PipelineProfile, StageProfile
+from sloline.planner.profile import BatchLatency, PipelineProfile, StageProfile
 from sloline.planner.topology import Topology
 
-__all__ = ["PRICES", "cloud_problem"]
+__all__ = ["PRICES", "cloud_problem", "slower"]
 
 PRICES = {"gpu-fast": 3.06, "gpu-slow": 0.90, "cpu": 0.10, "cpu-2": 0.20}
 _BATCHES = (1, 2, 4, 8, 16, 32)
@@ -115,3 +119,31 @@ def cloud_problem(
         max_replicas=max_replicas,
         name=f"cloud-{seed}",
     )
+
+
+def slower(problem: PlanningProblem, factor: float) -> PlanningProblem:
+    """``problem`` on a host ``factor`` times slower (faster below 1): every model time of
+    every stage on every class x ``factor`` (idle penalties, hops and the router as
+    profiled)."""
+    if factor == 1.0:
+        return problem
+    stages = {
+        name: {
+            hw: dataclasses.replace(
+                stage,
+                points=tuple(
+                    BatchLatency(
+                        p.batch_size,
+                        p.p50_s * factor,
+                        p.p99_s * factor,
+                        p.mean_s * factor,
+                        tuple(v * factor for v in p.samples_s),
+                    )
+                    for p in stage.points
+                ),
+            )
+            for hw, stage in per_hw.items()
+        }
+        for name, per_hw in problem.profile.stages.items()
+    }
+    return dataclasses.replace(problem, profile=dataclasses.replace(problem.profile, stages=stages))
