@@ -14,11 +14,13 @@ import pytest
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
+from sloline.lab.problems import slower
 from sloline.measure.profiler import ProfilerSettings
 from sloline.measure.session import PlanningSession, plan_pipeline
+from sloline.planner.planner import plan as make_plan
 from sloline.spec import DEFAULT_CATALOG, load_pipeline
 from sloline.tuner.replan import ReplanSettings
-from tests.support.serve import BATCHY, SLEEPY, BackgroundPipeline
+from tests.support.serve import BATCHY, BURNY, SLEEPY, BackgroundPipeline
 
 PHASES = [(30.0, 8.0), (60.0, 16.0), (12.0, 16.0)]  # (rate rps, seconds): plan, 2x, drop
 
@@ -169,4 +171,44 @@ def test_replanning_hands_a_stage_over_to_a_cheaper_batch_size(tmp_path: Path) -
         f"\nre-planned to batch 8 x 1 {first_at - start:.1f}s after the traffic began; the "
         f"new worker served and the old ones were stopped {handed[0][0] - first_at:.2f}s "
         f"later; {len(results)} requests, 0 lost"
+    )
+
+
+def test_replanning_rescues_a_plan_made_for_a_faster_host(tmp_path: Path, caplog) -> None:
+    """Planned on a profile 4x faster than the stage serves (as if profiled on a faster
+    host), one replica is 80% busy on this one and misses the SLO; the tuner, which scales
+    on arrivals, is held still. The re-planner calibrates the profile with the served
+    batches' CPU time, estimates that the configuration running misses the SLO, and
+    adopts a plan with more replicas (a rescue); no request is lost."""
+    loaded = load_pipeline(BURNY)
+    session = plan_pipeline(
+        loaded, DEFAULT_CATALOG, ProfilerSettings(max_batch_cap=1, cache_dir=tmp_path)
+    )
+    fast = slower(session.problem, 0.25)
+    plan = make_plan(fast)
+    planned = plan.stage("work")
+    assert planned.replicas < session.plan.stage("work").replicas  # the premise
+    replan = ReplanSettings(interval_s=10.0, lookback_s=10.0)
+    still = {"scale_up_enabled": False, "scale_down_enabled": False}
+    caplog.set_level("INFO", logger="sloline.tuner.replan")
+    with BackgroundPipeline(BURNY, plan=plan, problem=fast, replan=replan, tuner=still) as served:
+        start, results = asyncio.run(open_loop(served.grpc_url, [(25.0, 24.0)], model="burny"))
+        replanner = served.p.replanner
+        assert replanner is not None
+        measured, adopted = replanner.measured, list(replanner.adopted)
+    failed = [r for r in results if r[1] is None]
+    assert len(results) > 450 and not failed, failed[:3]
+    reasons = [r.getMessage() for r in caplog.records if r.name == "sloline.tuner.replan"]
+    assert measured is not None and measured.stages["work"].applied, measured
+    work = measured.stages["work"]  # served at ~4x the profile, whose batches it measured
+    assert work.service_mean_s > 2.0 * work.profile_mean_s, work
+    assert adopted, reasons
+    rescues = [m for m in reasons if "adopted the running configuration misses the SLO" in m]
+    assert rescues, reasons
+    first = adopted[0][1].stage("work")
+    assert first.replicas > planned.replicas, first
+    print(
+        f"\nplanned {planned.replicas} replica(s) on the 4x faster profile; re-planned "
+        f"{adopted[0][0] - start:.1f}s after the traffic began to {first.replicas}; "
+        f"{rescues[0]}; {len(results)} requests, 0 lost"
     )

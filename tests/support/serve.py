@@ -28,6 +28,7 @@ NOOP = ROOT / "tests" / "support" / "pipelines" / "noop" / "pipeline.yaml"
 RECIPROCAL = ROOT / "tests" / "support" / "pipelines" / "noop" / "reciprocal.yaml"
 SLEEPY = ROOT / "tests" / "support" / "pipelines" / "sleepy" / "pipeline.yaml"
 BATCHY = ROOT / "tests" / "support" / "pipelines" / "batchy" / "pipeline.yaml"
+BURNY = ROOT / "tests" / "support" / "pipelines" / "burny" / "pipeline.yaml"
 T = TypeVar("T")
 
 
